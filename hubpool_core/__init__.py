@@ -1,0 +1,44 @@
+"""hubpool's core and its plugin API.
+
+Plugins import what they implement from here::
+
+    from hubpool_core import hookimpl, Engine, ProbeResult, ModelInfo
+"""
+
+from hubpool_core.directory import Directory, DirectoryCandidate, TailnetStatus
+from hubpool_core.engine import (
+    NATIVE,
+    OPENAI,
+    REQUEST_ERROR_SIGNATURES,
+    Engine,
+    EngineConfig,
+    ModelInfo,
+    ProbeResult,
+    ResidentModel,
+    Timings,
+    error_message,
+)
+from hubpool_core.hookspecs import hookimpl
+from hubpool_core.pressure import PressureSource
+from hubpool_core.stage import Stage
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "NATIVE",
+    "OPENAI",
+    "REQUEST_ERROR_SIGNATURES",
+    "Directory",
+    "DirectoryCandidate",
+    "Engine",
+    "EngineConfig",
+    "ModelInfo",
+    "PressureSource",
+    "ProbeResult",
+    "ResidentModel",
+    "Stage",
+    "TailnetStatus",
+    "Timings",
+    "error_message",
+    "hookimpl",
+]

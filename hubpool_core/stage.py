@@ -1,0 +1,37 @@
+"""The placement-stage contract.
+
+A stage plugin registers :class:`Stage` subclasses through ``hubpool_register_stages``.
+The pipeline sorts stages by ``order`` once at startup and, per request, calls each
+enabled stage with the ranked candidate list. A stage whose knob is off is not called,
+so a ranking with the stage off is the ranking without the stage.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+
+class Stage(ABC):
+    """One reordering rule of placement."""
+
+    #: Plugin-visible name (``context_cap``).
+    name: ClassVar[str]
+    #: The routing-log row key this stage writes (``contextCap``).
+    section: ClassVar[str]
+    #: Position in the pipeline, with gaps (100, 200, ...).
+    order: ClassVar[int] = 500
+
+    def enabled(self, context: Any) -> bool:
+        """Whether the stage's own knob is on for this request. Read per request;
+        ``False`` means the stage is not called and writes a ``None`` section."""
+        return True
+
+    @abstractmethod
+    def apply(self, ranking: Sequence[Any], context: Any) -> tuple[list[Any], dict[str, Any] | None]:
+        """Return the reordered candidates and this stage's routing-log section.
+
+        Must be a pure function of its inputs: never drop a candidate, never add one,
+        and return the list unchanged with a ``None`` section when it has nothing to
+        say. It must not block or perform I/O (it runs on the request path)."""
