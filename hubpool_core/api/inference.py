@@ -1,0 +1,278 @@
+"""App-facing routes: both dialects, under /api/inference/pool/ and at the root."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from hubpool_core import __version__
+from hubpool_core.access import inference_refusal
+from hubpool_core.engine import NATIVE, OPENAI
+from hubpool_core.local_engines import LocalBackend, listing_backends
+from hubpool_core.models_ids import fold_model_id, same_model
+from hubpool_core.proxy.relay import RelayPlan, RelayResponse
+
+POOL_PREFIX = "/api/inference/pool"
+
+#: route -> (dialect, route class)
+ROUTED = {
+    "/v1/chat/completions": (OPENAI, "chat"),
+    "/v1/completions": (OPENAI, "completion"),
+    "/v1/embeddings": (OPENAI, "embeddings"),
+    "/api/chat": (NATIVE, "chat"),
+    "/api/generate": (NATIVE, "completion"),
+    "/api/embed": (NATIVE, "embeddings"),
+    "/api/embeddings": (NATIVE, "embeddings"),
+}
+MODEL_REQUIRED = {"error": 'Request body must include a "model" field'}
+
+
+class BadRequest(Exception):
+    def __init__(self, status: int, message: str):
+        self.status, self.message = status, message
+
+
+def _client_ip(request: Request) -> str | None:
+    return request.client.host if request.client else None
+
+
+def _guard(request: Request) -> JSONResponse | None:
+    node = request.app.state.node
+    refusal = inference_refusal(_client_ip(request), dict(request.headers.items()), node.keys)
+    if refusal is None:
+        return None
+    status, body = refusal
+    return JSONResponse(body, status_code=status)
+
+
+async def read_json_object(request: Request, limit: int) -> tuple[bytes, dict[str, Any]]:
+    """The body as bytes and as a JSON object, or a BadRequest saying what is wrong."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise BadRequest(413, f"Request body is {declared} bytes; this node accepts at most {limit} "
+                              "(HUB_POOL_MAX_BODY_BYTES)")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BadRequest(413, f"Request body exceeds {limit} bytes (HUB_POOL_MAX_BODY_BYTES)")
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    if not raw.strip():
+        raise BadRequest(400, "Request body is empty; send a JSON object with a \"model\" field")
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(400, f"Request body is not valid JSON ({exc})") from None
+    if not isinstance(body, dict):
+        raise BadRequest(400, f"Request body must be a JSON object, not {type(body).__name__}")
+    return raw, body
+
+
+def _wants_stream(dialect: str, route_class: str, body: dict[str, Any]) -> bool:
+    if route_class == "embeddings":
+        return False
+    if dialect == NATIVE:  # native routes stream unless the body says stream: false
+        return body.get("stream") is not False
+    return body.get("stream") is True
+
+
+def _error(status: int, message: str, request_id: str | None = None) -> JSONResponse:
+    headers = {"X-Hub-Pool-Request-Id": request_id} if request_id else None
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+async def routed(request: Request) -> Response:
+    node = request.app.state.node
+    refused = _guard(request)
+    if refused is not None:
+        return refused
+    route = request.scope["route_key"]
+    dialect, route_class = ROUTED[route]
+    try:
+        raw, body = await read_json_object(request, node.env.max_body_bytes)
+    except BadRequest as exc:
+        return _error(exc.status, exc.message)
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        return JSONResponse(MODEL_REQUIRED, status_code=400)
+    stream = _wants_stream(dialect, route_class, body)
+    estimated = -(-len(raw) // 4)
+    budget = node.budgets.forward_ms(estimated, stream)
+    backends = await node.local.read(node.settings.current.poolProbeSnapshotTtlMs)
+    candidates = [b for b in backends if b.healthy and b.lists(model)]
+    row = node.routing_log.open(
+        direction="outbound", path=route, model=model, candidates=len(candidates),
+        stream=stream, bodyBytes=len(raw), budgetMs=budget,
+    )
+    if not candidates:
+        message = f'No pool node currently has model "{model}" available.'
+        if any(not b.snapshot.result.running for b in backends):
+            message += (" Some local engines did not answer their probe: localBackends shows what this node "
+                        "saw of each, and probedMsAgo how old that answer is.")
+        node.routing_log.touch(row, outcome="failed", status=502, reason="no candidate", durationMs=0, totalMs=0)
+        node.plugins.broadcast_request_finished(row)
+        body_502 = {"error": message, "localBackends": await node.local.describe_for_502(backends, model)}
+        return JSONResponse(body_502, status_code=502, headers={"X-Hub-Pool-Request-Id": row["id"]})
+    plan = RelayPlan(route=route, dialect=dialect, body=body, raw=raw, model=model, stream=stream,
+                     candidates=candidates, row=row, budget_ms=budget)
+    return RelayResponse(node, plan)  # type: ignore[return-value]
+
+
+# -- listings ----------------------------------------------------------------------
+
+async def list_openai_models(request: Request) -> Response:
+    refused = _guard(request)
+    if refused is not None:
+        return refused
+    backends = await listing_backends(request.app.state.node.local)
+    if not backends:
+        return _error(502, "No local engine answered, and no peer has models to list")
+    data, seen = [], set()
+    for b in backends:
+        for m in b.snapshot.result.models:
+            key = fold_model_id(m.id)
+            if key in seen:
+                continue
+            seen.add(key)
+            data.append({"id": m.id, "object": "model", "created": _epoch(m.modified_at),
+                         "owned_by": m.owned_by or b.engine.kind})
+    return JSONResponse({"object": "list", "data": data})
+
+
+async def list_native_tags(request: Request) -> Response:
+    refused = _guard(request)
+    if refused is not None:
+        return refused
+    backends = await listing_backends(request.app.state.node.local)
+    if not backends:
+        return _error(502, "No local engine answered, and no peer has models to list")
+    models, seen = [], set()
+    for b in backends:
+        for m in b.snapshot.result.models:
+            key = fold_model_id(m.id)
+            if key in seen:
+                continue
+            seen.add(key)
+            # unknown fields are emitted empty or zero, never invented
+            models.append({"name": m.id, "model": m.id, "modified_at": m.modified_at, "size": m.size or 0,
+                           "digest": m.digest or "", "details": dict(m.details or {})})
+    return JSONResponse({"models": models})
+
+
+async def list_running(request: Request) -> Response:
+    refused = _guard(request)
+    if refused is not None:
+        return refused
+    node = request.app.state.node
+    backends = await listing_backends(node.local)
+    models = []
+    for b in backends:
+        if not b.engine.has_residency:
+            continue
+        try:
+            resident = await b.engine.residency(node.local.http) or []
+        except Exception:  # noqa: BLE001 - a plugin bug must not fail the listing
+            resident = []
+        for r in resident:
+            models.append({"name": r.id, "model": r.id, "size": r.size_vram or 0, "digest": "",
+                           "details": {}, "expires_at": None, "size_vram": r.size_vram or 0,
+                           "context_length": r.context_window})
+    return JSONResponse({"models": models})
+
+
+async def version(request: Request) -> Response:
+    refused = _guard(request)
+    if refused is not None:
+        return refused
+    node = request.app.state.node
+    for b in await listing_backends(node.local):
+        if NATIVE in b.engine.dialects:
+            try:
+                answer = await node.local.http.get(b.engine.base_url + "/api/version", headers=b.engine.auth_headers())
+                if answer.status_code == 200 and isinstance(answer.json().get("version"), str):
+                    return JSONResponse({"version": answer.json()["version"]})
+            except Exception:  # noqa: BLE001 - fall back to hubpool's own version
+                pass
+    return JSONResponse({"version": __version__})
+
+
+async def show(request: Request) -> Response:
+    refused = _guard(request)
+    if refused is not None:
+        return refused
+    node = request.app.state.node
+    try:
+        raw, body = await read_json_object(request, node.env.max_body_bytes)
+    except BadRequest as exc:
+        return _error(exc.status, exc.message)
+    model = body.get("model") or body.get("name")
+    if not isinstance(model, str) or not model:
+        return JSONResponse(MODEL_REQUIRED, status_code=400)
+    backends = [b for b in await node.local.read(node.settings.current.poolProbeSnapshotTtlMs)
+                if b.healthy and b.lists(model)]
+    for b in backends:
+        if NATIVE in b.engine.dialects:
+            try:
+                answer = await node.local.http.post(b.engine.base_url + "/api/show", content=raw,
+                                                    headers={"Content-Type": "application/json",
+                                                             **b.engine.auth_headers()}, timeout=15)
+            except Exception:  # noqa: BLE001 - try the next engine
+                continue
+            if answer.status_code < 500:
+                return Response(answer.content, status_code=answer.status_code,
+                                media_type="application/json", headers=_show_headers(b, model))
+        else:
+            return JSONResponse(_describe(b, model), headers=_show_headers(b, model))
+    return _error(404 if not backends else 502, f'model "{model}" not found on this node')
+
+
+def _show_headers(b: LocalBackend, model: str) -> dict[str, str]:
+    return {"X-Hub-Pool-Served-By": "local", "X-Hub-Pool-Backend": b.engine.kind, "X-Hub-Pool-Model": model}
+
+
+def _describe(b: LocalBackend, model: str) -> dict[str, Any]:
+    """An /api/show answer for a model an OpenAI-only engine holds: what its listing says."""
+    info = next(m for m in b.snapshot.result.models if same_model(m.id, model))
+    model_info: dict[str, Any] = {"general.architecture": "unknown"}
+    if info.context_window:
+        model_info["unknown.context_length"] = info.context_window
+    return {"modelfile": "", "parameters": "", "template": "", "details": dict(info.details or {}),
+            "model_info": model_info, "capabilities": ["completion"], "modified_at": info.modified_at}
+
+
+def _epoch(iso: str | None) -> int:
+    if not iso:
+        return 0
+    try:
+        return int(datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp())
+    except ValueError:
+        return 0
+
+
+def build_router() -> APIRouter:
+    router = APIRouter()
+    for prefix in ("", POOL_PREFIX):
+        for route in ROUTED:
+            router.add_api_route(prefix + route, _with_key(route), methods=["POST"], include_in_schema=bool(prefix))
+        router.add_api_route(prefix + "/v1/models", list_openai_models, methods=["GET"])
+        router.add_api_route(prefix + "/api/tags", list_native_tags, methods=["GET"])
+        router.add_api_route(prefix + "/api/ps", list_running, methods=["GET"])
+        router.add_api_route(prefix + "/api/version", version, methods=["GET"])
+        router.add_api_route(prefix + "/api/show", show, methods=["POST"])
+    return router
+
+
+def _with_key(route: str):  # noqa: ANN202 - FastAPI endpoint
+    async def endpoint(request: Request) -> Response:
+        request.scope["route_key"] = route
+        return await routed(request)
+
+    endpoint.__name__ = "routed_" + route.strip("/").replace("/", "_")
+    return endpoint
+
+

@@ -1,0 +1,272 @@
+"""Configuration: the environment (read once at start) and the persisted pool settings.
+
+Environment variables keep the spec's names exactly. A few are documented as "read per
+request" by the spec; those are read through :func:`env_flag_off` and friends at the
+point of use, not cached here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_PORT = 5002
+
+
+def _default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "hubpool"
+
+
+def _alias(name: str) -> Any:
+    return Field(default=None, validation_alias=AliasChoices(name))
+
+
+class EnvSettings(BaseSettings):
+    """Every environment variable hubpool reads, under the spec's names."""
+
+    model_config = SettingsConfigDict(extra="ignore", populate_by_name=True)
+
+    data_dir: Path = Field(default_factory=_default_data_dir, validation_alias="HUB_POOL_DATA_DIR")
+    database_url: str | None = _alias("HUB_POOL_DATABASE_URL")
+    listen: str = Field(default=f"127.0.0.1:{DEFAULT_PORT}", validation_alias="HUB_POOL_LISTEN")
+    operator_key: str | None = _alias("HUB_POOL_OPERATOR_KEY")
+    plugins_disabled: str = Field(default="", validation_alias="HUB_POOL_PLUGINS_DISABLED")
+    peer_urls: str | None = _alias("HUB_POOL_PEER_URLS")
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, validation_alias="HUB_POOL_MAX_BODY_BYTES")
+
+    # kill switches: only the literal string "true" counts, as in the spec
+    user_disabled: str | None = _alias("HUB_POOL_USER_DISABLED")
+    outbound_disabled: str | None = _alias("HUB_POOL_OUTBOUND_DISABLED")
+    inbound_disabled: str | None = _alias("HUB_POOL_INBOUND_DISABLED")
+
+    # raw strings: the spec says a malformed value is ignored, never guessed at
+    max_prompt_tokens: str | None = _alias("HUB_POOL_MAX_PROMPT_TOKENS")
+    first_byte_timeout_ms: str | None = _alias("HUB_POOL_FIRST_BYTE_TIMEOUT_MS")
+    completion_timeout_ms: str | None = _alias("HUB_POOL_COMPLETION_TIMEOUT_MS")
+    min_prefill_tokens_per_sec: str | None = _alias("HUB_POOL_MIN_PREFILL_TOKENS_PER_SEC")
+    routing_log_size: str | None = _alias("HUB_POOL_ROUTING_LOG_SIZE")
+    prefix_affinity_ttl_ms: str | None = _alias("HUB_POOL_PREFIX_AFFINITY_TTL_MS")
+
+    # directories, pressure and transport
+    tailscale_cli: str = Field(default="tailscale", validation_alias="HUB_POOL_TAILSCALE_CLI")
+    tailscale_oauth_client_id: str | None = _alias("TAILSCALE_OAUTH_CLIENT_ID")
+    tailscale_oauth_client_secret: str | None = _alias("TAILSCALE_OAUTH_CLIENT_SECRET")
+    tailscale_api_url: str = Field(default="https://api.tailscale.com", validation_alias="HUB_POOL_TAILSCALE_API_URL")
+    portal_url: str | None = _alias("HUB_POOL_PORTAL_URL")
+    amd_drm_root: str = Field(default="/sys/class/drm", validation_alias="HUB_POOL_AMD_DRM_ROOT")
+    pressure_host_file: str | None = _alias("HUB_POOL_PRESSURE_HOST_FILE")
+    trust_proxy: str | None = _alias("HUB_TRUST_PROXY")
+
+    # engines: the core reads <Engine>.env_var generically; these are listed for reference
+    ollama_url: str | None = _alias("OLLAMA_URL")
+    vllm_url: str | None = _alias("VLLM_URL")
+    llamacpp_url: str | None = _alias("LLAMACPP_URL")
+    lemonade_url: str | None = _alias("LEMONADE_URL")
+    omlx_url: str | None = _alias("OMLX_URL")
+
+    _environ: dict[str, str] = PrivateAttr(default_factory=lambda: dict(os.environ))
+
+    @classmethod
+    def from_environ(cls, environ: dict[str, str]) -> EnvSettings:
+        """Settings from an explicit mapping instead of the process environment (several
+        nodes in one test process each get their own)."""
+        aliases = {f.validation_alias if isinstance(f.validation_alias, str) else f.validation_alias.choices[0]
+                   for f in cls.model_fields.values() if f.validation_alias is not None}
+        settings = cls(_env_file=None, **{k: v for k, v in environ.items() if k in aliases})
+        settings._environ = dict(environ)
+        return settings
+
+    def environ(self) -> dict[str, str]:
+        return self._environ
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        """``HUB_POOL_LISTEN`` as (host, port); a bare port binds loopback."""
+        value = self.listen.strip()
+        if value.isdigit():
+            return "127.0.0.1", int(value)
+        host, _, port = value.rpartition(":")
+        return (host.strip("[]") or "127.0.0.1"), int(port or DEFAULT_PORT)
+
+    @property
+    def base_url(self) -> str:
+        host, port = self.host_port
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{port}"
+
+    @property
+    def disabled_plugin_names(self) -> set[str]:
+        return {n.strip() for n in self.plugins_disabled.split(",") if n.strip()}
+
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir / 'hubpool.db'}"
+
+
+
+def env_int(raw: str | None, *, minimum: int, maximum: int | None = None) -> int | None:
+    """Parse an integer environment value, ``None`` when absent, malformed or out of range."""
+    if raw is None or not raw.strip().lstrip("-").isdigit():
+        return None
+    value = int(raw.strip())
+    if value < minimum or (maximum is not None and value > maximum):
+        return None
+    return value
+
+
+def env_flag_off(name: str) -> bool:
+    """``off``, ``0`` or ``false`` in ``name`` turns a placement rule off (read per request)."""
+    return os.environ.get(name, "").strip().lower() in ("off", "0", "false")
+
+
+# -- persisted settings ---------------------------------------------------------------
+
+MAX_PINS = 64
+
+
+class Pin(BaseModel):
+    """One operator routing pin (spec: Manual routing pins)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    scope: str = Field(pattern="^(default|model)$")
+    model: str | None = Field(default=None, max_length=200)
+    targetKind: str = Field(pattern="^(local|peer)$")
+    targetPeerId: str | None = None
+    mode: str = Field(default="prefer", pattern="^prefer$")
+
+
+class PoolSettings(BaseModel):
+    """settings.json: the spec's persisted pool settings, plus hubpool's plugin switch."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    poolEnabled: bool = True
+    poolOutboundEnabled: bool = True
+    poolInboundEnabled: bool = True
+    poolLocalAffinity: int = Field(default=1, ge=0, le=20)
+    poolHealthPollSeconds: int = Field(default=30, ge=10, le=300)
+    poolPins: list[Pin] = Field(default_factory=list, max_length=MAX_PINS)
+    poolRequireSignedPeers: bool = False
+    poolShareContainerStats: bool = True
+    poolPressureWeight: int = Field(default=0, ge=0, le=3)
+    poolMaxPromptTokens: int | None = Field(default=None, ge=1024, le=1_048_576)
+    poolProbeSnapshotTtlMs: int = Field(default=0, ge=0, le=300_000)
+    poolPrefixAffinityMaxInFlight: int = Field(default=0, ge=0, le=20)
+    poolPrefixAffinityMargin: int = Field(default=1, ge=0, le=20)
+    poolSlotAwareness: int = Field(default=0, ge=0, le=1)
+    poolRouteAppsAlways: bool = True
+    #: hubpool's own: plugins switched off by name (takes effect at the next start)
+    pluginsDisabled: list[str] = Field(default_factory=list, max_length=100)
+
+
+#: Keys that PATCH /settings may not write (pins have their own routes).
+NOT_PATCHABLE = {"poolPins"}
+
+
+def describe_range(key: str) -> str:
+    """'0–20', '1024–1048576, or null', 'true or false' — for 422 messages."""
+    field = PoolSettings.model_fields[key]
+    lo = hi = None
+    for meta in field.metadata:
+        lo = getattr(meta, "ge", lo)
+        hi = getattr(meta, "le", hi)
+    if field.annotation is bool:
+        return "true or false"
+    if lo is not None and hi is not None:
+        suffix = ", or null" if field.default is None else ""
+        return f"{lo}–{hi}{suffix}"
+    return str(field.annotation)
+
+
+class SettingsError(ValueError):
+    """A PATCH the store refused; ``errors`` names each key and its range."""
+
+    def __init__(self, errors: list[dict[str, Any]]):
+        super().__init__("; ".join(e["message"] for e in errors))
+        self.errors = errors
+
+
+class SettingsStore:
+    """settings.json in the data directory: validated on every write, read from memory.
+
+    Writes go to a temporary file that replaces the old one, so a crash leaves either
+    the old or the new settings, never half of each. An out-of-range value found in the
+    file falls back to its default at load (the spec: bounds are enforced on write).
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._lock = threading.Lock()
+        self.current = self._load()
+
+    def _load(self) -> PoolSettings:
+        try:
+            raw = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return PoolSettings()
+        except (OSError, ValueError):
+            return PoolSettings()
+        if not isinstance(raw, dict):
+            return PoolSettings()
+        good: dict[str, Any] = {}
+        for key, value in raw.items():
+            if key not in PoolSettings.model_fields:
+                continue
+            try:
+                PoolSettings(**{key: value})
+            except ValidationError:
+                continue
+            good[key] = value
+        return PoolSettings(**good)
+
+    def patch(self, changes: dict[str, Any]) -> PoolSettings:
+        """Validate every key first, then write all of them or none."""
+        errors: list[dict[str, Any]] = []
+        for key, value in changes.items():
+            if key not in PoolSettings.model_fields or key in NOT_PATCHABLE:
+                hint = " (pins are written through /api/inference/pool/pins)" if key in NOT_PATCHABLE else ""
+                errors.append({"key": key, "message": f"{key} is not a setting this route writes{hint}"})
+                continue
+            try:
+                PoolSettings(**{key: value})
+            except ValidationError:
+                errors.append(
+                    {"key": key, "range": describe_range(key),
+                     "message": f"{key} must be {describe_range(key)} (got {json.dumps(value)})"}
+                )
+        if errors:
+            raise SettingsError(errors)
+        with self._lock:
+            merged = self.current.model_dump() | changes
+            updated = PoolSettings(**merged)
+            self._write(updated)
+            self.current = updated
+        return updated
+
+    def replace_pins(self, pins: list[Pin]) -> PoolSettings:
+        with self._lock:
+            updated = self.current.model_copy(update={"poolPins": pins})
+            PoolSettings(**updated.model_dump())  # re-validate the bound on pin count
+            self._write(updated)
+            self.current = updated
+        return updated
+
+    def _write(self, settings: PoolSettings) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".json.tmp")
+        data = json.dumps(settings.model_dump(), indent=2, sort_keys=True)
+        with open(tmp, "w") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.path)

@@ -1,0 +1,144 @@
+"""Operator key and API keys.
+
+The operator key is minted once into the data directory (mode 0600) so the CLI on the
+same machine can read it. API keys are stored as SHA-256 hashes only; the key itself is
+shown once, at creation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from sqlalchemy import select
+
+from hubpool_core.store import ApiKey, Database
+
+OPERATOR_KEY_FILE = "operator.key"
+SCOPES = ("operator", "inference", "qa:read")
+_PREFIX = {"operator": "hpo_", "inference": "hpi_", "qa:read": "hpq_"}
+
+
+def operator_key_path(data_dir: Path) -> Path:
+    return data_dir / OPERATOR_KEY_FILE
+
+
+def ensure_operator_key(data_dir: Path) -> str:
+    """Read the operator key, minting it on first start. The file is created 0600 from
+    the first byte (O_EXCL), so no other local user can read it even briefly."""
+    path = operator_key_path(data_dir)
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    data_dir.mkdir(parents=True, exist_ok=True)
+    key = _PREFIX["operator"] + secrets.token_urlsafe(32)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # another process won the race: use its key
+        return path.read_text().strip()
+    with os.fdopen(fd, "w") as fh:
+        fh.write(key + "\n")
+    return key
+
+
+def read_operator_key(data_dir: Path) -> str | None:
+    try:
+        return operator_key_path(data_dir).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a credential speaks for: ``scope`` is operator, inference or qa:read."""
+
+    scope: str
+    key_id: str | None  # None for the operator key file / HUB_POOL_OPERATOR_KEY
+
+
+class KeyStore:
+    def __init__(self, db: Database, data_dir: Path, env_operator_key: str | None):
+        self.db = db
+        self.data_dir = data_dir
+        self.env_operator_key = env_operator_key or None
+        self.operator_key = ensure_operator_key(data_dir)
+
+    def is_operator_key(self, presented: str) -> bool:
+        ok = hmac.compare_digest(presented.encode(), self.operator_key.encode())
+        if self.env_operator_key:
+            ok = hmac.compare_digest(presented.encode(), self.env_operator_key.encode()) or ok
+        return ok
+
+    def resolve(self, presented: str) -> Principal | None:
+        """The principal behind a bearer credential, or ``None`` when it is not one of ours."""
+        if not presented:
+            return None
+        if self.is_operator_key(presented):
+            return Principal("operator", None)
+        digest = hash_key(presented)
+        with self.db.session() as s:
+            row = s.scalars(select(ApiKey).where(ApiKey.key_hash == digest)).first()
+            if row is None or row.revoked_at is not None:
+                return None
+            row.last_used_at = datetime.now(timezone.utc)
+            s.commit()
+            return Principal(row.scope, row.id)
+
+    def create(self, name: str, scope: str) -> tuple[ApiKey, str]:
+        if scope not in SCOPES:
+            raise ValueError(f"scope must be one of {', '.join(SCOPES)}")
+        key = _PREFIX[scope] + secrets.token_urlsafe(32)
+        row = ApiKey(name=name, scope=scope, key_hash=hash_key(key), prefix=key[:10])
+        with self.db.session() as s:
+            s.add(row)
+            s.commit()
+        return row, key
+
+    def list(self) -> list[ApiKey]:
+        with self.db.session() as s:
+            return list(s.scalars(select(ApiKey).order_by(ApiKey.created_at)))
+
+    def revoke(self, ident: str) -> ApiKey | None:
+        """Revoke by full id, unique id prefix or name; ``None`` when nothing matches."""
+        with self.db.session() as s:
+            rows = [
+                r for r in s.scalars(select(ApiKey).where(ApiKey.revoked_at.is_(None)))
+                if r.id == ident or r.name == ident or (len(ident) >= 4 and r.id.startswith(ident))
+            ]
+            if len(rows) != 1:
+                if len(rows) > 1:
+                    raise LookupError(f"{ident!r} matches {len(rows)} keys; use the full id")
+                return None
+            rows[0].revoked_at = datetime.now(timezone.utc)
+            s.commit()
+            return rows[0]
+
+
+def public_key_row(row: ApiKey) -> dict:
+    return {
+        "id": row.id,
+        "name": row.name,
+        "scope": row.scope,
+        "prefix": row.prefix,
+        "createdAt": _iso(row.created_at),
+        "lastUsedAt": _iso(row.last_used_at),
+        "revokedAt": _iso(row.revoked_at),
+    }
+
+
+def _iso(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=timezone.utc)
+    return value.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")

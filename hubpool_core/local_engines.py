@@ -1,0 +1,178 @@
+"""This node's own engines: instances, the health snapshot, and the merged listing.
+
+Probes run through httpx (off the relay's hot path). With ``poolProbeSnapshotTtlMs`` at 0,
+the spec's default, every read probes live; with a TTL the snapshot is fresh, stale
+(served while a refresh runs behind the caller) or cold (the read waits at most the
+500 ms placement budget, shared across cold engines).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import httpx
+
+from hubpool_core.engine import Engine, EngineConfig, ProbeResult
+from hubpool_core.models_ids import same_model
+
+log = logging.getLogger("hubpool.engines")
+
+PROBE_TIMEOUT_S = 5.0
+STALE_GRACE_MS = 60_000
+PLACEMENT_BUDGET_MS = 500
+LOCAL_LISTING_DEADLINE_MS = 2_500
+
+
+@dataclass
+class Snapshot:
+    result: ProbeResult
+    at: float  # time.monotonic()
+
+    def age_ms(self) -> int:
+        return int((time.monotonic() - self.at) * 1000)
+
+
+@dataclass(frozen=True)
+class LocalBackend:
+    engine: Engine
+    snapshot: Snapshot
+
+    @property
+    def healthy(self) -> bool:
+        return self.snapshot.result.running and self.snapshot.result.healthy
+
+    def lists(self, model: str) -> bool:
+        return any(same_model(m.id, model) for m in self.snapshot.result.models)
+
+
+def build_engines(classes: Sequence[type[Engine]], environ: Mapping[str, str]) -> list[Engine]:
+    """One instance per registered engine class, at its environment URL or default.
+    ``<NAME>_API_KEY`` beside ``<NAME>_URL`` is the key the engine was started with."""
+    engines = []
+    for cls in classes:
+        url = environ.get(cls.env_var) or cls.default_url
+        key_var = cls.env_var.removesuffix("_URL") + "_API_KEY"
+        source = cls.env_var if environ.get(cls.env_var) else "default"
+        engines.append(cls(EngineConfig(base_url=url, api_key=environ.get(key_var) or None, source=source)))
+    return engines
+
+
+class LocalEngines:
+    def __init__(self, engines: Sequence[Engine]):
+        self.engines = list(engines)
+        self._snapshots: dict[int, Snapshot] = {}
+        self._inflight: dict[int, asyncio.Task] = {}
+        self._http: httpx.AsyncClient | None = None
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=PROBE_TIMEOUT_S, trust_env=False)
+        return self._http
+
+    async def close(self) -> None:
+        for task in self._inflight.values():
+            task.cancel()
+        if self._http is not None:
+            await self._http.aclose()
+
+    async def _probe(self, index: int) -> Snapshot:
+        engine = self.engines[index]
+        try:
+            result = await engine.probe(self.http)
+        except Exception as exc:  # noqa: BLE001 - a plugin bug must read as an unhealthy engine
+            log.warning("engine %s probe raised %s: %s", engine.kind, type(exc).__name__, exc)
+            result = ProbeResult(running=False, healthy=False, error=f"probe failed: {type(exc).__name__}")
+        snap = Snapshot(result, time.monotonic())
+        self._snapshots[index] = snap
+        return snap
+
+    def _probe_task(self, index: int) -> asyncio.Task:
+        task = self._inflight.get(index)
+        if task is None or task.done():
+            task = asyncio.ensure_future(self._probe(index))
+            self._inflight[index] = task
+        return task
+
+    def invalidate(self, engine: Engine) -> None:
+        """Drop one engine's snapshot so the next read probes it again."""
+        self._snapshots.pop(self.engines.index(engine), None)
+
+    async def read(self, ttl_ms: int) -> list[LocalBackend]:
+        """Every engine with the answer placement should use now."""
+        if not self.engines:
+            return []
+        if ttl_ms <= 0:
+            snaps = await asyncio.gather(*(self._probe_task(i) for i in range(len(self.engines))))
+            return [LocalBackend(e, s) for e, s in zip(self.engines, snaps)]
+        out: dict[int, Snapshot] = {}
+        cold: dict[int, asyncio.Task] = {}
+        for i in range(len(self.engines)):
+            snap = self._snapshots.get(i)
+            age = snap.age_ms() if snap else None
+            if snap is not None and age is not None and age < ttl_ms:
+                out[i] = snap
+            elif snap is not None and age is not None and age < ttl_ms + STALE_GRACE_MS:
+                out[i] = snap
+                self._probe_task(i)  # refresh behind the caller
+            else:
+                cold[i] = self._probe_task(i)
+        if cold:
+            await asyncio.wait(list(cold.values()), timeout=PLACEMENT_BUDGET_MS / 1000)
+            for i, task in cold.items():
+                if task.done() and not task.cancelled():
+                    out[i] = task.result()
+                else:
+                    out[i] = Snapshot(
+                        ProbeResult(running=False, healthy=False,
+                                    error=f"no answer within the {PLACEMENT_BUDGET_MS} ms placement budget; still probing"),
+                        time.monotonic(),
+                    )
+        return [LocalBackend(self.engines[i], out[i]) for i in range(len(self.engines))]
+
+    async def describe_for_502(self, backends: Sequence[LocalBackend], model: str) -> list[dict]:
+        """The container's-eye view of every local engine, for the no-candidate 502."""
+        rows = []
+        for b in backends:
+            row = {
+                "type": b.engine.kind,
+                "url": b.engine.base_url,
+                "running": b.snapshot.result.running,
+                "healthy": b.snapshot.result.healthy,
+                "listsModel": b.lists(model),
+                "probedMsAgo": b.snapshot.age_ms(),
+            }
+            if b.snapshot.result.error:
+                row["error"] = b.snapshot.result.error
+            rows.append(row)
+        return rows
+
+
+async def listing_backends(local: LocalEngines) -> list[LocalBackend]:
+    """Healthy engines for a listing, asked in parallel within LOCAL_LISTING_DEADLINE_MS.
+
+    An engine still silent at the deadline is left out when another has answered; when
+    none has, the first to answer is used (spec: What the listing endpoints answer for).
+    """
+    if not local.engines:
+        return []
+    tasks = {local._probe_task(i): i for i in range(len(local.engines))}
+    done, pending = await asyncio.wait(list(tasks), timeout=LOCAL_LISTING_DEADLINE_MS / 1000)
+    if not done and pending:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        log.debug("listing left out %s: no answer within %d ms", local.engines[tasks[task]].kind,
+                  LOCAL_LISTING_DEADLINE_MS)
+    out = []
+    for task in done:
+        if task.cancelled() or task.exception() is not None:
+            continue
+        backend = LocalBackend(local.engines[tasks[task]], task.result())
+        if backend.healthy:
+            out.append(backend)
+    out.sort(key=lambda b: local.engines.index(b.engine))
+    return out

@@ -1,0 +1,305 @@
+"""The local Tailscale daemon as a directory and as this node's tailnet status.
+
+``HUB_POOL_TAILSCALE_CLI`` (``env.tailscale_cli``, default ``tailscale``) is a command
+line split with :mod:`shlex`. When its last word is a path ending in ``.json`` that file
+is read as a recorded ``tailscale status --json`` answer (``cat /path/status.json`` and a
+bare ``/path/status.json`` both work); otherwise ``<command> status --json`` is run.
+
+The parsed answer is cached for 30 s, failures included, so the status page can poll
+without forking a process per poll. Nothing here raises: a missing binary, a daemon
+that is not running, a hung command or garbage output each become
+``TailnetStatus(connected=False, error=<sentence>)`` and an empty candidate list.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import shlex
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hubpool_core import Directory, DirectoryCandidate, TailnetStatus
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CLI = "tailscale"
+CACHE_SECONDS = 30.0
+TIMEOUT_SECONDS = 5.0
+MISSING_SENTENCE = "tailscale is not installed here (set HUB_POOL_TAILSCALE_CLI to its path)"
+_STDERR_CHARS = 200
+
+
+@dataclass(frozen=True)
+class _Invocation:
+    """How to get a status answer: read ``json_path``, or run ``argv``."""
+
+    argv: tuple[str, ...] = ()
+    json_path: Path | None = None
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """One status read: the parsed answer, or the sentence saying why there is none."""
+
+    status: dict[str, Any] | None
+    error: str | None
+
+
+def normalise_fqdn(name: str) -> str:
+    """``Hub-B.Example-Tailnet.ts.net.`` -> ``hub-b.example-tailnet.ts.net``."""
+    return name.strip().rstrip(".").lower()
+
+
+def _invocation(cli: str) -> _Invocation | None:
+    """Parse the configured command; ``None`` when it is empty or unparseable."""
+    try:
+        words = shlex.split(cli)
+    except ValueError:
+        return None
+    if not words:
+        return None
+    if words[-1].lower().endswith(".json"):
+        return _Invocation(json_path=Path(words[-1]).expanduser())
+    return _Invocation(argv=(*words, "status", "--json"))
+
+
+def _resolvable(inv: _Invocation | None) -> bool:
+    if inv is None:
+        return False
+    if inv.json_path is not None:
+        return inv.json_path.is_file()
+    return shutil.which(inv.argv[0]) is not None
+
+
+def _first_line(data: bytes) -> str:
+    text = data.decode("utf-8", "replace").strip()
+    line = text.splitlines()[0].strip() if text else ""
+    return line[:_STDERR_CHARS]
+
+
+class TailscaleDaemonDirectory(Directory):
+    """Every peer in the local daemon's peer map, plus this node's tailnet status.
+
+    Reads ``env.tailscale_cli``. ``configured()`` is whether that command (or recorded
+    ``.json`` file) exists here; when it does not, nothing is spawned.
+    """
+
+    name = "tailscale_daemon"
+
+    def __init__(
+        self,
+        env: Any,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        cache_seconds: float = CACHE_SECONDS,
+        timeout: float = TIMEOUT_SECONDS,
+    ) -> None:
+        super().__init__(env)
+        self._clock = clock
+        self._cache_seconds = cache_seconds
+        self._timeout = timeout
+        self._cached: _Reading | None = None
+        self._cached_at = 0.0
+        self._lock: asyncio.Lock | None = None
+        self._lock_loop: asyncio.AbstractEventLoop | None = None
+        self._last_logged_error: str | None = None
+
+    # -- configuration -------------------------------------------------------------
+
+    @property
+    def cli(self) -> str:
+        value = getattr(self.env, "tailscale_cli", DEFAULT_CLI)
+        return str(value).strip() if value else DEFAULT_CLI
+
+    def configured(self) -> bool:
+        return _resolvable(_invocation(self.cli))
+
+    # -- the Directory contract ----------------------------------------------------
+
+    async def candidates(self) -> list[DirectoryCandidate]:
+        if not self.configured():
+            return []
+        try:
+            reading = await self._read()
+            return self._peers(reading.status) if reading.status is not None else []
+        except Exception as exc:  # never break discovery
+            log.debug("tailscale_daemon: could not list peers: %s", exc)
+            return []
+
+    async def tailnet_status(self) -> TailnetStatus:
+        if not self.configured():
+            return TailnetStatus(connected=False, error=MISSING_SENTENCE)
+        try:
+            reading = await self._read()
+            if reading.status is None:
+                return TailnetStatus(connected=False, error=reading.error)
+            return self._status(reading.status)
+        except Exception as exc:
+            log.debug("tailscale_daemon: could not read tailnet status: %s", exc)
+            return TailnetStatus(connected=False, error=f"tailscale status could not be read ({exc})")
+
+    def invalidate(self) -> None:
+        """Forget the cached answer (after ``tailscale up``/``down`` run from here)."""
+        self._cached = None
+
+    # -- parsing -------------------------------------------------------------------
+
+    @staticmethod
+    def _peers(status: dict[str, Any]) -> list[DirectoryCandidate]:
+        peers = status.get("Peer")
+        if not isinstance(peers, dict):
+            return []
+        out: list[DirectoryCandidate] = []
+        for peer in peers.values():
+            if not isinstance(peer, dict):
+                continue
+            dns = peer.get("DNSName")
+            if not isinstance(dns, str) or not normalise_fqdn(dns):
+                continue  # no MagicDNS name: nothing a pairing could dial
+            fqdn = normalise_fqdn(dns)
+            hostname = peer.get("HostName")
+            device_id = peer.get("ID")
+            os_name = peer.get("OS")
+            online = peer.get("Online")
+            out.append(
+                DirectoryCandidate(
+                    node_fqdn=fqdn,
+                    hostname=hostname if isinstance(hostname, str) and hostname else fqdn.split(".")[0],
+                    source=TailscaleDaemonDirectory.name,
+                    device_id=str(device_id) if isinstance(device_id, (str, int)) and device_id != "" else "",
+                    os=os_name if isinstance(os_name, str) and os_name else None,
+                    online=online if isinstance(online, bool) else None,
+                )
+            )
+        return out
+
+    @staticmethod
+    def _status(status: dict[str, Any]) -> TailnetStatus:
+        connected = status.get("BackendState") == "Running"
+        me = status.get("Self")
+        self_dns = me.get("DNSName") if isinstance(me, dict) else None
+        self_fqdn = normalise_fqdn(self_dns) if isinstance(self_dns, str) else ""
+
+        tailnet = status.get("CurrentTailnet")
+        tailnet = tailnet if isinstance(tailnet, dict) else {}
+        suffix = status.get("MagicDNSSuffix") or tailnet.get("MagicDNSSuffix")
+        suffix = normalise_fqdn(suffix) if isinstance(suffix, str) else ""
+        if tailnet.get("MagicDNSEnabled") is False:
+            suffix = ""
+        return TailnetStatus(
+            connected=connected,
+            self_fqdn=self_fqdn or None,
+            suffix=suffix or None,
+            serving=None,  # `tailscale status` does not say; `tailscale serve status` would
+            error=None,
+        )
+
+    # -- reading, cached -----------------------------------------------------------
+
+    def _get_lock(self) -> asyncio.Lock:
+        loop = asyncio.get_running_loop()
+        if self._lock is None or self._lock_loop is not loop:
+            self._lock = asyncio.Lock()
+            self._lock_loop = loop
+        return self._lock
+
+    def _fresh(self) -> _Reading | None:
+        if self._cached is None:
+            return None
+        if self._clock() - self._cached_at >= self._cache_seconds:
+            return None
+        return self._cached
+
+    async def _read(self) -> _Reading:
+        cached = self._fresh()
+        if cached is not None:
+            return cached
+        async with self._get_lock():
+            cached = self._fresh()  # another caller may have read while we waited
+            if cached is not None:
+                return cached
+            reading = await self._read_uncached()
+            self._cached = reading
+            self._cached_at = self._clock()
+            self._log(reading)
+            return reading
+
+    def _log(self, reading: _Reading) -> None:
+        if reading.error is None:
+            self._last_logged_error = None
+            return
+        level = logging.WARNING if reading.error != self._last_logged_error else logging.DEBUG
+        log.log(level, "tailscale_daemon: %s", reading.error)
+        self._last_logged_error = reading.error
+
+    async def _read_uncached(self) -> _Reading:
+        inv = _invocation(self.cli)
+        if not _resolvable(inv):
+            return _Reading(None, MISSING_SENTENCE)
+        assert inv is not None
+        if inv.json_path is not None:
+            try:
+                raw = inv.json_path.read_bytes()
+            except OSError as exc:
+                return _Reading(None, f"could not read {inv.json_path} ({exc.strerror or exc})")
+            return self._parse(raw, str(inv.json_path))
+        return await self._run(inv.argv)
+
+    async def _run(self, argv: tuple[str, ...]) -> _Reading:
+        shown = shlex.join(argv)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+        except FileNotFoundError:
+            return _Reading(None, MISSING_SENTENCE)
+        except OSError as exc:
+            return _Reading(None, f"{shown} could not be started ({exc.strerror or exc})")
+        try:
+            stdout, stderr = await asyncio.wait_for(proc.communicate(), self._timeout)
+        except asyncio.TimeoutError:
+            await self._kill(proc)
+            return _Reading(None, f"{shown} did not answer within {self._timeout:g} s")
+        except BaseException:
+            await self._kill(proc)
+            raise
+        if proc.returncode != 0:
+            why = _first_line(stderr) or _first_line(stdout)
+            detail = f": {why}" if why else ""
+            return _Reading(None, f"{shown} failed (exit {proc.returncode}){detail}")
+        return self._parse(stdout, shown)
+
+    @staticmethod
+    async def _kill(proc: asyncio.subprocess.Process) -> None:
+        if proc.returncode is not None:
+            return
+        try:
+            proc.kill()
+        except ProcessLookupError:
+            return
+        try:
+            await asyncio.wait_for(proc.wait(), 2.0)
+        except Exception:
+            pass
+
+    @staticmethod
+    def _parse(raw: bytes, where: str) -> _Reading:
+        try:
+            status = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            return _Reading(None, f"{where} answered something that is not JSON")
+        if not isinstance(status, dict):
+            return _Reading(None, f"{where} answered JSON that is not a status object")
+        return _Reading(status, None)
+
+
+__all__ = ["TailscaleDaemonDirectory", "normalise_fqdn", "MISSING_SENTENCE"]
