@@ -64,12 +64,6 @@ class EnvSettings(BaseSettings):
     pressure_host_file: str | None = _alias("HUB_POOL_PRESSURE_HOST_FILE")
     trust_proxy: str | None = _alias("HUB_TRUST_PROXY")
 
-    # engines: the core reads <Engine>.env_var generically; these are listed for reference
-    ollama_url: str | None = _alias("OLLAMA_URL")
-    vllm_url: str | None = _alias("VLLM_URL")
-    llamacpp_url: str | None = _alias("LLAMACPP_URL")
-    lemonade_url: str | None = _alias("LEMONADE_URL")
-    omlx_url: str | None = _alias("OMLX_URL")
 
     _environ: dict[str, str] = PrivateAttr(default_factory=lambda: dict(os.environ))
 
@@ -148,7 +142,7 @@ class Pin(BaseModel):
 class PoolSettings(BaseModel):
     """settings.json: the spec's persisted pool settings, plus hubpool's plugin switch."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
 
     poolEnabled: bool = True
     poolOutboundEnabled: bool = True

@@ -133,6 +133,11 @@ def load_plugins(
             rec.reason = f"import failed: {type(exc).__name__}: {exc}"
         log.warning("plugin %s failed to import and is inactive: %s: %s", ep.name, type(exc).__name__, exc)
 
+    def on_missing(names: Iterable[str]) -> None:
+        for name in names:
+            if name in records and records[name].reason is None:  # an import failure already said why
+                records[name].reason = "listed but not loadable (installed while this process ran? restart it)"
+
     modules: list[tuple[str, Any]] = []
     if wanted:
         extensions = NamedExtensionManager(
@@ -140,6 +145,7 @@ def load_plugins(
             names=wanted,
             invoke_on_load=False,
             on_load_failure_callback=on_failure,
+            on_missing_entrypoints_callback=on_missing,
             name_order=True,
         )
         modules.extend((ext.name, ext.plugin) for ext in extensions)
@@ -189,7 +195,7 @@ def _collect(host: PluginHost, records: dict[str, PluginRecord]) -> None:
                     impl.function(register=got.append)
                 for obj in got:
                     if base is not None and not (isinstance(obj, type) and issubclass(obj, base)):
-                        raise TypeError(f"{hook_name} registered {obj!r}, which is not a {base.__name__} subclass")
+                        raise TypeError(f"{hook_name} registered {obj!r}, which is not a subclass of {base.__name__}")
                     if base is Engine and obj.kind in engine_kinds:
                         raise TypeError(f"engine kind {obj.kind!r} is already registered by {engine_kinds[obj.kind]}")
             except Exception as exc:  # noqa: BLE001

@@ -120,7 +120,7 @@ async def routed(request: Request) -> Response:
         return JSONResponse(body_502, status_code=502, headers={"X-Hub-Pool-Request-Id": row["id"]})
     plan = RelayPlan(route=route, dialect=dialect, body=body, raw=raw, model=model, stream=stream,
                      candidates=candidates, row=row, budget_ms=budget)
-    return RelayResponse(node, plan)  # type: ignore[return-value]
+    return RelayResponse(node, plan)
 
 
 # -- listings ----------------------------------------------------------------------

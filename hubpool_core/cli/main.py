@@ -262,8 +262,11 @@ def main() -> None:
         from hubpool_core.plugins import load_plugins
 
         logging.getLogger("hubpool.plugins").setLevel(logging.ERROR)
+        from hubpool_core.config import SettingsStore
+
         env = EnvSettings()
-        load_plugins(env.disabled_plugin_names).add_cli_commands(app)
+        setting = SettingsStore(env.data_dir / "settings.json").current.pluginsDisabled
+        load_plugins(env.disabled_plugin_names, setting).add_cli_commands(app)
     except Exception:  # noqa: BLE001 - plugin commands are optional; the core CLI must still work
         pass
     app()

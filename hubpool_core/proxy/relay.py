@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+from starlette.responses import Response
 
 from hubpool_core.engine import OPENAI
 from hubpool_core.local_engines import LocalBackend
@@ -85,12 +86,15 @@ def _pass_headers(upstream: aiohttp.ClientResponse) -> list[tuple[bytes, bytes]]
     return out
 
 
-class RelayResponse:
-    """ASGI callable that performs the walk for one planned request."""
+class RelayResponse(Response):
+    """ASGI response that performs the walk for one planned request. It subclasses
+    Response only so the framework hands it the raw send/receive; it builds no body."""
 
-    def __init__(self, node: Any, plan: RelayPlan):
+    def __init__(self, node: Any, plan: RelayPlan):  # noqa: D107 - Response.__init__ deliberately not called
         self.node = node
         self.plan = plan
+        self.background = None
+        self.status_code = 200
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         gone = asyncio.Event()

@@ -1,0 +1,3 @@
+from hubpool_core.cli.main import main
+
+main()

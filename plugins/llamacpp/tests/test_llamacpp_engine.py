@@ -1,0 +1,167 @@
+import asyncio
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from hubpool_core import OPENAI, REQUEST_ERROR_SIGNATURES, EngineConfig, ResidentModel, Timings
+from hubpool_llamacpp.engine import LlamacppEngine
+
+DATA = Path(__file__).parent / "data"
+URL = "http://127.0.0.1:8080"
+
+
+def load(name):
+    return json.loads((DATA / name).read_text())
+
+
+def engine(api_key=None):
+    return LlamacppEngine(EngineConfig(base_url=URL, api_key=api_key))
+
+
+def run(coro_fn, handler):
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler), timeout=2) as http:
+            return await coro_fn(http)
+
+    return asyncio.run(go())
+
+
+def serving(routes, seen=None):
+    def handler(request):
+        if seen is not None:
+            seen.append(request)
+        status, body = routes.get(request.url.path,
+                                  (404, {"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}}))
+        if isinstance(body, str):
+            return httpx.Response(status, text=body)
+        return httpx.Response(status, json=body)
+
+    return handler
+
+
+def raising(exc_type):
+    def handler(request):
+        raise exc_type("boom", request=request)
+
+    return handler
+
+
+def healthy_routes(**override):
+    routes = {"/health": (200, load("health.json")), "/v1/models": (200, load("models.json")),
+              "/props": (200, load("props.json"))}
+    routes.update({"/" + k: v for k, v in override.items()})
+    return routes
+
+
+def test_class_attributes():
+    assert LlamacppEngine.kind == "llamacpp"
+    assert LlamacppEngine.env_var == "LLAMACPP_URL"
+    assert LlamacppEngine.default_url == "http://127.0.0.1:8080"
+    assert LlamacppEngine.dialects == frozenset({OPENAI})
+    assert LlamacppEngine.openai_prefix == "/v1"
+    assert not LlamacppEngine.renders_own_template
+    assert LlamacppEngine.states_slots
+    assert not LlamacppEngine.has_residency
+
+
+def test_probe_healthy_reads_window_and_slots():
+    seen = []
+    result = run(engine(api_key="llama-key").probe, serving(healthy_routes(), seen))
+    assert result.running and result.healthy and result.error is None
+    [model] = result.models
+    assert model.id == "Qwen3-8B-Q4_K_M.gguf"
+    assert model.context_window == 16384  # the window it runs (n_ctx), not the trained 40960
+    assert model.size == 5027783488 and model.owned_by == "llamacpp"
+    assert result.slots == 2
+    assert {r.url.path for r in seen} == {"/health", "/v1/models", "/props"}
+    assert all(r.headers["authorization"] == "Bearer llama-key" for r in seen)
+
+
+def test_probe_without_props_falls_back_to_the_trained_window():
+    for props in [(404, {"error": {"code": 404, "message": "File Not Found"}}), (200, "x"), (200, {"total_slots": "2"})]:
+        result = run(engine().probe, serving(healthy_routes(props=props)))
+        assert result.healthy and result.models[0].context_window == 40960 and result.slots is None
+
+
+def test_probe_while_loading():
+    result = run(engine().probe, serving({"/health": (503, load("health_loading.json"))}))
+    assert result.running and not result.healthy and result.models == ()
+    assert "loading model" in result.error
+    old_build = run(engine().probe, serving({"/health": (503, {"status": "loading model"})}))
+    assert "loading model" in old_build.error
+
+
+def test_probe_other_503():
+    result = run(engine().probe, serving({"/health": (503, {"error": {"message": "no slot available"}})}))
+    assert result.running and not result.healthy and "no slot available" in result.error
+
+
+def test_probe_engine_down():
+    result = run(engine().probe, raising(httpx.ConnectError))
+    assert not result.running and not result.healthy
+    assert result.error == f"connection refused at {URL} (is llama-server running? set LLAMACPP_URL)"
+
+
+def test_probe_of_a_server_that_names_another_engine():
+    body = {"object": "list", "data": [{"id": "Qwen/Qwen3-8B", "object": "model", "owned_by": "vllm",
+                                        "max_model_len": 32768}]}
+    result = run(engine().probe, serving(healthy_routes(**{"v1/models": (200, body)})))
+    assert result.running and not result.healthy and "is vLLM, not llama-server" in result.error
+
+
+@pytest.mark.parametrize("override", [{"health": (401, {"error": {"message": "Invalid API Key"}})},
+                                      {"v1/models": (200, "<html>")}, {"v1/models": (200, {"data": 3})},
+                                      {"health": (500, "")}])
+def test_probe_nonsense_is_unhealthy(override):
+    result = run(engine().probe, serving(healthy_routes(**override)))
+    assert result.running and not result.healthy and result.error
+
+
+def test_residency_is_the_model_it_was_started_with():
+    assert run(engine().residency, serving(healthy_routes())) == [
+        ResidentModel(id="Qwen3-8B-Q4_K_M.gguf", context_window=16384)]
+    assert run(engine().residency, raising(httpx.ConnectError)) is None
+    assert run(engine().residency, serving({"/health": (503, load("health_loading.json"))})) is None
+
+
+def test_timings_count_the_cache():
+    assert engine().timings(load("chat_completion.json")) == Timings(
+        prompt_tokens=11820, cached_tokens=10336, prefill_ms=427.113, decode_tokens=4, decode_ms=61.502)
+
+
+def test_timings_without_cache_n_or_timings():
+    body = {"usage": {"prompt_tokens": 900, "completion_tokens": 2},
+            "timings": {"prompt_n": 900, "prompt_ms": 80.5, "predicted_n": 2, "predicted_ms": 30}}
+    assert engine().timings(body) == Timings(prompt_tokens=900, prefill_ms=80.5, decode_tokens=2, decode_ms=30.0)
+    assert engine().timings({"usage": {"prompt_tokens": 5}}) == Timings(prompt_tokens=5)
+    assert engine().timings({"timings": "x"}) is None
+    assert engine().timings({"timings": {}}) is None
+
+
+def test_final_frame_and_timings_of_a_real_stream():
+    frames = [line[len("data: "):].encode() for line in (DATA / "chat_stream.txt").read_text().splitlines()
+              if line.startswith("data: ")]
+    e = engine()
+    assert e.is_final_frame(OPENAI, frames[-1])
+    assert e.is_final_frame(OPENAI, frames[-2])
+    assert not e.is_final_frame(OPENAI, frames[1])       # a stream cut before the finish
+    assert not e.is_final_frame(OPENAI, frames[-2][:50])  # the last line cut short
+    assert e.timings(json.loads(frames[-2])) == Timings(
+        prompt_tokens=7615, cached_tokens=7614, prefill_ms=19.02, decode_tokens=3, decode_ms=44.1)
+
+
+@pytest.mark.parametrize("case", load("errors.json"), ids=lambda c: c["signature"] or "none")
+def test_request_error(case):
+    assert engine().request_error(case["status"], case["body"]) == case["signature"]
+    assert case["signature"] is None or case["signature"] in REQUEST_ERROR_SIGNATURES
+
+
+def test_request_error_without_a_message():
+    assert engine().request_error(500, {"error": {"code": 500}}) is None
+    assert engine().request_error(503, load("health_loading.json")) is None
+
+
+def test_recorded_errors_cover_every_signature_and_a_non_verdict():
+    assert {c["signature"] for c in load("errors.json")} == {*REQUEST_ERROR_SIGNATURES, None}

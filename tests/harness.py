@@ -1,0 +1,81 @@
+"""Real nodes for tests: uvicorn on an ephemeral loopback port, in a thread of the test
+process, with its own data directory and environment. The code under test is the code
+that ships; only the world (engines, tailnet) is simulated."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+from hubpool_core.app import create_app
+from hubpool_core.config import EnvSettings
+from hubpool_core.node import Node
+
+#: engine URL variables pointed at a closed port unless a test names them, so a test
+#: never reaches an engine that happens to run on this machine
+ENGINE_VARS = ("OLLAMA_URL", "VLLM_URL", "LLAMACPP_URL", "LEMONADE_URL", "OMLX_URL")
+
+
+def closed_port_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"  # bound then released: nothing listens there
+
+
+class RunningNode:
+    def __init__(self, data_dir: Path, environ: dict[str, str] | None = None,
+                 extra_plugins: tuple[tuple[str, Any], ...] = ()):
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        dead = closed_port_url()
+        env = {var: dead for var in ENGINE_VARS}
+        env.update({"HUB_POOL_DATA_DIR": str(data_dir), "HUB_POOL_LISTEN": f"127.0.0.1:{self.port}",
+                    "HUB_POOL_TAILSCALE_CLI": "/nonexistent/tailscale"})
+        env.update(environ or {})
+        self.environ = env
+        self.env = EnvSettings.from_environ(env)
+        self.node = Node(self.env, extra_plugins=extra_plugins)
+        config = uvicorn.Config(create_app(self.node), loop="asyncio", http="httptools", log_level="warning",
+                                access_log=False, lifespan="on", timeout_graceful_shutdown=5)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    @property
+    def operator_key(self) -> str:
+        return self.node.keys.operator_key
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.operator_key}"}
+
+    def client(self, **kwargs: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=30, trust_env=False, **kwargs)
+
+    def start(self) -> RunningNode:
+        self.thread.start()
+        deadline = time.monotonic() + 15
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("node did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=15)
+        self.sock.close()
+
+    def __enter__(self) -> RunningNode:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
