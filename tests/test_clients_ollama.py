@@ -86,3 +86,22 @@ def test_version_and_ps(node):
         assert isinstance(c.get("/api/version").json()["version"], str)
         assert "models" in c.get("/api/ps").json()
     assert httpx.get(node.url + "/api/tags").status_code == 200
+
+
+def test_translated_stream_cut_by_the_engine_stays_cut(tmp_path):
+    """A translated NDJSON stream gets done:true only when the engine really finished."""
+    import json
+
+    from harness import RunningNode
+    from hubpool_sim import SimConfig, SimModel, run_in_thread
+
+    with run_in_thread(SimConfig(flavor="vllm", models=[SimModel("qwen3:8b", window=8192)])) as sim:
+        sim.add_fault("cut", count=1)
+        with RunningNode(tmp_path / "n", {"VLLM_URL": sim.url}) as node, node.client() as c:
+            with c.stream("POST", "/api/chat", json={"model": "qwen3:8b",
+                                                     "messages": [{"role": "user", "content": "hi"}]}) as r:
+                lines = [json.loads(line) for line in r.iter_lines() if line]
+            assert lines and all(line.get("done") is not True for line in lines)
+            whole = c.post("/api/chat", json={"model": "qwen3:8b", "stream": False,
+                                              "messages": [{"role": "user", "content": "hi"}]}).json()
+            assert whole["done"] is True and whole["message"]["content"]

@@ -67,20 +67,6 @@ def serve(
 
 
 @app.command()
-def demo(
-    port: int = typer.Option(5002, "--port", help="Port for the node."),
-) -> None:
-    """Run a node with two simulated engines on embedded defaults, to try hubpool without GPUs.
-
-    Starts an Ollama-style and a vLLM-style simulated engine on free loopback ports, a
-    node in a temporary data directory pointed at them, and prints what to try.
-    """
-    from hubpool_core.demo import run_demo
-
-    run_demo(port)
-
-
-@app.command()
 def plugins(as_json: bool = JsonOption) -> None:
     """List installed plugins: kind, distribution, version, active or why not, and order."""
     from hubpool_core.config import SettingsStore

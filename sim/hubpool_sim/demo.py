@@ -1,20 +1,20 @@
-"""`hubpool demo`: a node and two simulated engines on embedded defaults, no GPU needed."""
+"""`hubpool demo`: a node and two simulated engines on embedded defaults, no GPU needed.
+
+The simulator adds this command to the hubpool CLI through the plugin hook, so the core
+never imports the simulator (or names an engine)."""
 
 from __future__ import annotations
 
 import os
 import tempfile
 
-from hubpool_core.config import EnvSettings
-from hubpool_core.server import run_node
-
 
 def run_demo(port: int) -> None:
-    try:
-        from hubpool_sim import SimConfig, SimModel, run_in_thread
-    except ImportError:
-        raise SystemExit("the demo needs the engine simulator: install hubpool-sim "
-                         "(`uv sync` in a checkout installs it)") from None
+    from hubpool_core.config import EnvSettings
+    from hubpool_core.server import run_node
+
+    from hubpool_sim import SimConfig, SimModel, run_in_thread
+
     data_dir = tempfile.mkdtemp(prefix="hubpool-demo-")
     ollama = SimConfig(flavor="ollama", port=0, decode_ms_per_token=20,
                        models=[SimModel("llama3.2:3b", window=8192), SimModel("nomic-embed-text", window=2048,
