@@ -52,6 +52,11 @@ class EnvSettings(BaseSettings):
     completion_timeout_ms: str | None = _alias("HUB_POOL_COMPLETION_TIMEOUT_MS")
     min_prefill_tokens_per_sec: str | None = _alias("HUB_POOL_MIN_PREFILL_TOKENS_PER_SEC")
     routing_log_size: str | None = _alias("HUB_POOL_ROUTING_LOG_SIZE")
+    # read per request by placement (see env_flag_off); listed here so every name is in one place
+    throughput_placement: str | None = _alias("HUB_POOL_THROUGHPUT_PLACEMENT")
+    contention_placement: str | None = _alias("HUB_POOL_CONTENTION_PLACEMENT")
+    slower_placement_ratio: str | None = _alias("HUB_POOL_SLOWER_PLACEMENT_RATIO")
+    slower_placement_floor_ms: str | None = _alias("HUB_POOL_SLOWER_PLACEMENT_FLOOR_MS")
     prefix_affinity_ttl_ms: str | None = _alias("HUB_POOL_PREFIX_AFFINITY_TTL_MS")
 
     # directories, pressure and transport

@@ -12,19 +12,41 @@ MODELS = [("llama3.2:3b", "ollama"), ("qwen3:8b", "vllm")]
 EMBED = [("nomic-embed-text", "ollama"), ("bge-small", "vllm")]
 
 
-def _client(node) -> ollama.Client:
-    return ollama.Client(host=node.url)
+class _Recording(ollama.Client):
+    """The official client, with every response's headers kept for the test to check."""
+
+    def __init__(self, host: str):
+        self.seen: list[httpx.Headers] = []
+        super().__init__(host=host, event_hooks={"response": [lambda r: self.seen.append(r.headers)]})
+
+
+def _client(node) -> _Recording:
+    return _Recording(node.url)
+
+
+def _check_headers(client: _Recording, backend: str, model: str, logged: bool = True) -> None:
+    assert client.seen
+    for headers in client.seen:
+        assert headers["x-hub-pool-served-by"] == "local"
+        assert headers["x-hub-pool-backend"] == backend
+        assert headers["x-hub-pool-model"] == model
+        if logged:  # /api/show opens no routing-log row (spec), so it has no request id
+            assert len(headers["x-hub-pool-request-id"]) == 36
 
 
 @pytest.mark.parametrize("model,backend", MODELS)
 def test_chat_not_streamed(node, model, backend):
-    answer = _client(node).chat(model=model, messages=[{"role": "user", "content": "hi"}], stream=False)
+    client = _client(node)
+    answer = client.chat(model=model, messages=[{"role": "user", "content": "hi"}], stream=False)
     assert answer.message.content and answer.done is True
+    _check_headers(client, backend, model)
 
 
 @pytest.mark.parametrize("model,backend", MODELS)
 def test_chat_streamed(node, model, backend):
-    parts = list(_client(node).chat(model=model, messages=[{"role": "user", "content": "hi"}], stream=True))
+    client = _client(node)
+    parts = list(client.chat(model=model, messages=[{"role": "user", "content": "hi"}], stream=True))
+    _check_headers(client, backend, model)
     assert "".join(p.message.content or "" for p in parts)
     assert parts[-1].done is True
     assert all(p.done is False for p in parts[:-1])
@@ -32,18 +54,22 @@ def test_chat_streamed(node, model, backend):
 
 @pytest.mark.parametrize("model,backend", MODELS)
 def test_generate(node, model, backend):
-    answer = _client(node).generate(model=model, prompt="Once upon", stream=False)
+    client = _client(node)
+    answer = client.generate(model=model, prompt="Once upon", stream=False)
     assert answer.response and answer.done
-    parts = list(_client(node).generate(model=model, prompt="Once upon", stream=True))
+    parts = list(client.generate(model=model, prompt="Once upon", stream=True))
     assert parts[-1].done is True and "".join(p.response for p in parts)
+    _check_headers(client, backend, model)
 
 
 @pytest.mark.parametrize("model,backend", EMBED)
 def test_embed(node, model, backend):
-    answer = _client(node).embed(model=model, input=["a", "b"])
+    client = _client(node)
+    answer = client.embed(model=model, input=["a", "b"])
     assert len(answer.embeddings) == 2 and len(answer.embeddings[0]) > 0
-    single = _client(node).embeddings(model=model, prompt="a")
+    single = client.embeddings(model=model, prompt="a")
     assert len(single.embedding) > 0
+    _check_headers(client, backend, model)
 
 
 def test_list_merges_every_local_engine(node):
@@ -53,8 +79,10 @@ def test_list_merges_every_local_engine(node):
 
 @pytest.mark.parametrize("model,backend", MODELS)
 def test_show(node, model, backend):
-    answer = _client(node).show(model)
+    client = _client(node)
+    answer = client.show(model)
     assert answer.modelinfo is not None or answer.details is not None
+    _check_headers(client, backend, model, logged=False)
 
 
 @pytest.mark.parametrize("model,backend", MODELS)
@@ -73,12 +101,46 @@ def test_native_routes_carry_attribution_headers(node, model, backend, route, bo
     assert '"done": true' in lines[-1].replace('"done":true', '"done": true')
 
 
-def test_upstream_hub_pool_headers_are_dropped(node, ollama_sim):
-    # the simulated engine could send anything; attribution must be the node's own
-    with node.client() as c:
-        r = c.post("/api/embed", json={"model": "nomic-embed-text", "input": "x"})
-    assert r.status_code == 200
-    assert [v for k, v in r.headers.multi_items() if k == "x-hub-pool-served-by"] == ["local"]
+def test_upstream_hub_pool_headers_are_dropped(tmp_path):
+    """An engine (or a peer) sending x-hub-pool-* headers never speaks for this node."""
+    import asyncio
+    import threading
+
+    from aiohttp import web
+
+    from harness import RunningNode
+
+    async def models(_request):
+        return web.json_response({"object": "list", "data": [{"id": "m1", "object": "model", "owned_by": "vllm"}]})
+
+    async def chat(_request):
+        return web.json_response(
+            {"choices": [{"message": {"role": "assistant", "content": "x"}, "finish_reason": "stop"}]},
+            headers={"X-Hub-Pool-Served-By": "evil.example.ts.net", "X-Hub-Pool-Backend": "evil",
+                     "X-Hub-Pool-Request-Id": "forged", "X-Engine-Note": "kept"})
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", chat)
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    loop.run_until_complete(site.start())
+    port = site._server.sockets[0].getsockname()[1]
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        with RunningNode(tmp_path / "n", {"VLLM_URL": f"http://127.0.0.1:{port}"}) as node, node.client() as c:
+            r = c.post("/v1/chat/completions", json={"model": "m1", "messages": [{"role": "user", "content": "q"}]})
+            assert r.status_code == 200
+            assert r.headers.get_list("x-hub-pool-served-by") == ["local"]
+            assert r.headers.get_list("x-hub-pool-backend") == ["vllm"]
+            assert r.headers["x-hub-pool-request-id"] != "forged"
+            assert r.headers["x-engine-note"] == "kept"
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
 
 
 def test_version_and_ps(node):
