@@ -10,11 +10,22 @@ import aiohttp
 
 from hubpool_core.config import EnvSettings, SettingsStore, env_int
 from hubpool_core.credentials import KeyStore
+from hubpool_core.directions import Directions, resolve_directions
+from hubpool_core.identity import IdentityStore, node_secret_path
 from hubpool_core.local_engines import LocalEngines, build_engines
+from hubpool_core.pairing import Pairing
+from hubpool_core.pairing_pin import PairingPin, SourceCooldown
+from hubpool_core.peer_client import PeerClient
+from hubpool_core.peers import PeerRepo
 from hubpool_core.plugins import PluginHost, load_plugins
 from hubpool_core.proxy.relay import Budgets
-from hubpool_core.routing_log import DEFAULT_CAPACITY, MAX_CAPACITY, RoutingLog
+from hubpool_core.routing_log import DEFAULT_CAPACITY, MAX_CAPACITY, RoutingLog, now_iso
+from hubpool_core.signing import NonceCache
 from hubpool_core.store import Database
+from hubpool_core.tailnet import Tailnet, peer_url_overrides
+
+#: a development switch so several nodes can pair by address on one machine; off by default
+ALLOW_LOOPBACK_PEERS_VAR = "HUB_POOL_DEV_ALLOW_LOOPBACK_PEERS"
 
 log = logging.getLogger("hubpool.node")
 
@@ -41,6 +52,48 @@ class Node:
         )
         self.in_flight = 0
         self._session: aiohttp.ClientSession | None = None
+        # pairing and identity
+        self.identity = IdentityStore(self.db, node_secret_path(env.data_dir))
+        self.peers = PeerRepo(self.db)
+        self.nonces = NonceCache()
+        self.pairing_pin = PairingPin()
+        self.pin_cooldown = SourceCooldown()
+        self.directories = []
+        for cls in self.plugins.directories:
+            try:
+                self.directories.append(cls(env))
+            except Exception as exc:  # noqa: BLE001 - one broken directory must not stop the node
+                log.warning("directory %s could not start: %s", getattr(cls, "name", cls), exc)
+        self.tailnet = Tailnet(self.directories)
+        self.peer_urls = peer_url_overrides(env.peer_urls)
+        self.allow_loopback_peers = env.environ().get(ALLOW_LOOPBACK_PEERS_VAR, "").lower() == "true"
+        self.peer_client = PeerClient(self)
+        self.pairing = Pairing(self)
+
+    def directions(self) -> Directions:
+        return resolve_directions(self.env, self.settings.current)
+
+    def node_secret(self) -> bytes:
+        """The secret that seals this node's private key and peer tokens at rest."""
+        return self.identity._node_secret(create=True)  # noqa: SLF001 - one owner of the secret file
+
+    async def capabilities(self, accepting: bool) -> dict[str, Any]:
+        """GET /capabilities: the inventory half, emptied when not accepting work."""
+        backends = await self.local.read(max(self.settings.current.poolProbeSnapshotTtlMs, 20_000))
+        payload: dict[str, Any] = {
+            "hardwareTier": "unknown",
+            "backends": [] if not accepting else [
+                {"type": b.engine.kind, "healthy": b.healthy, "modelsLoaded": [m.id for m in b.snapshot.result.models]}
+                for b in backends if b.snapshot.result.running
+            ],
+            "acceptingWork": accepting,
+            "inFlightRequests": self.in_flight,
+            "updatedAt": now_iso(),
+        }
+        identity = self.identity.get()
+        if identity is not None:
+            payload["nodeUuid"] = identity.node_uuid
+        return payload
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -63,6 +116,7 @@ class Node:
             log.info("engine %s at %s (%s)", engine.kind, engine.base_url, engine.config.source)
 
     async def stop(self) -> None:
+        await self.peer_client.close()
         if self._session is not None:
             await self._session.close()
         await self.local.close()

@@ -4,6 +4,7 @@ that ships; only the world (engines, tailnet) is simulated."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -22,6 +23,13 @@ from hubpool_core.node import Node
 ENGINE_VARS = ("OLLAMA_URL", "VLLM_URL", "LLAMACPP_URL", "LEMONADE_URL", "OMLX_URL")
 
 
+def bound_socket() -> socket.socket:
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
 def closed_port_url() -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -31,10 +39,8 @@ def closed_port_url() -> str:
 
 class RunningNode:
     def __init__(self, data_dir: Path, environ: dict[str, str] | None = None,
-                 extra_plugins: tuple[tuple[str, Any], ...] = ()):
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
+                 extra_plugins: tuple[tuple[str, Any], ...] = (), sock: socket.socket | None = None):
+        self.sock = sock or bound_socket()
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         dead = closed_port_url()
@@ -79,3 +85,38 @@ class RunningNode:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+# -- several nodes on one machine -----------------------------------------------------
+
+DATA = Path(__file__).parent / "data"
+SUFFIX = "example-tailnet.ts.net"
+
+
+def tailnet_status_for(name: str) -> dict[str, Any]:
+    """The recorded `tailscale status --json` answer, as the node `name` would see it."""
+    status = json.loads((DATA / "tailscale_status.json").read_text())
+    everyone = {status["Self"]["HostName"]: status["Self"], **{p["HostName"]: p for p in status["Peer"].values()}}
+    me = everyone.pop(name)
+    status["Self"] = me
+    status["Peer"] = {f"nodekey:{peer['HostName']}": peer for peer in everyone.values()}
+    return status
+
+
+def fqdn(name: str) -> str:
+    return f"{name}.{SUFFIX}"
+
+
+def make_pool(root: Path, names: list[str], environ: dict[str, str] | None = None) -> dict[str, RunningNode]:
+    """Nodes hub-a, hub-b, ... on loopback: each its own data directory and recorded tailnet
+    answer, every peer reachable through HUB_POOL_PEER_URLS. Not started."""
+    socks = {name: bound_socket() for name in names}
+    urls = {fqdn(n): f"http://127.0.0.1:{s.getsockname()[1]}" for n, s in socks.items()}
+    nodes = {}
+    for name in names:
+        status_file = root / f"{name}-tailscale.json"
+        status_file.write_text(json.dumps(tailnet_status_for(name)))
+        env = {"HUB_POOL_TAILSCALE_CLI": str(status_file), "HUB_POOL_PEER_URLS": json.dumps(urls)}
+        env.update(environ or {})
+        nodes[name] = RunningNode(root / name, env, sock=socks[name])
+    return nodes

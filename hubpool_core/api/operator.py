@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -11,6 +12,8 @@ from fastapi.responses import JSONResponse, Response
 from hubpool_core.access import operator_refusal
 from hubpool_core.config import SettingsError
 from hubpool_core.directions import resolve_directions
+from hubpool_core.peers import public_peer
+from hubpool_core.signing import normalize_peer_fqdn
 from hubpool_core.routing_log import MAX_CAPACITY, parse_since
 
 P = "/api/inference/pool"
@@ -77,14 +80,20 @@ async def status(request: Request) -> Response:
     settings = node.settings.current
     d = resolve_directions(node.env, settings)
     backends = await node.local.read(max(settings.poolProbeSnapshotTtlMs, 20_000))
+    tailnet = await node.tailnet.status()
+    rows = node.peers.all()
+    connected = [r for r in rows if r.status == "connected"]
+    identity = node.identity.get()
+    now = int(time.time() * 1000)
     payload: dict[str, Any] = {
-        **d.status_fields(connected_peers=0, connected_enabled_peers=0),
+        **d.status_fields(connected_peers=len(connected),
+                          connected_enabled_peers=sum(1 for r in connected if r.enabled)),
         "settings": settings.model_dump(),
         "tailscaleAdminApiConfigured": bool(node.env.tailscale_oauth_client_id and node.env.tailscale_oauth_client_secret),
         "localNode": {
-            "nodeFqdn": None,
-            "tailnet": None,
-            "tailscaleConnected": False,
+            "nodeFqdn": normalize_peer_fqdn(tailnet.self_fqdn),
+            "tailnet": tailnet.suffix,
+            "tailscaleConnected": tailnet.connected,
             "inFlightRequests": node.in_flight,
             "hardwareTier": None,
             "backends": [
@@ -93,10 +102,22 @@ async def status(request: Request) -> Response:
                 for b in backends
             ],
             "capabilitiesError": None,
+            "identity": {
+                "nodeUuid": identity.node_uuid if identity else None,
+                "publicKeyFingerprint": identity.fingerprint if identity else None,
+                "identityError": node.identity.error,
+            },
         },
-        "peers": [],
-        "peerCounts": {"total": 0, "connected": 0, "pending": 0, "unreachable": 0, "disabled": 0},
+        "peers": [public_peer(r) | {"inFlightRequests": 0, "probeFailure": None} for r in rows],
+        "peerCounts": {
+            "total": len(rows),
+            "connected": len(connected),
+            "pending": sum(1 for r in rows if r.status == "pending"),
+            "unreachable": sum(1 for r in rows if r.status == "unreachable"),
+            "disabled": sum(1 for r in rows if not r.enabled),
+        },
         "pins": [],
+        "pairingPin": node.pairing_pin.status(now),
         "routing": node.routing_log.summary(),
     }
     return JSONResponse(payload)

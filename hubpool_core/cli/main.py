@@ -256,3 +256,7 @@ def main() -> None:
     except Exception:  # noqa: BLE001 - plugin commands are optional; the core CLI must still work
         pass
     app()
+
+
+# the pairing verbs live in their own module; importing it registers them on `app`
+from hubpool_core.cli import pairing_commands  # noqa: E402,F401

@@ -1,0 +1,201 @@
+"""CLI verbs for finding and pairing peers: discover, probe, pairing-pin, pair, peers,
+approve, reject, unpair, peer-enable, peer-disable, rotate-identity."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, Optional
+from urllib.parse import quote
+
+import typer
+from rich.table import Table
+
+from hubpool_core.cli.client import NodeError
+from hubpool_core.cli.main import JsonOption, UrlOption, _client, _fail, app, err, out
+
+P = "/api/inference/pool"
+YesOption = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation (also HUB_POOL_ASSUME_YES=1).")
+
+
+def _assume_yes() -> bool:
+    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes")
+               for v in ("HUB_POOL_ASSUME_YES", "CI_HUB_ASSUME_YES"))
+
+
+def _confirm(question: str, yes: bool) -> None:
+    if yes or _assume_yes():
+        return
+    if not sys.stdin.isatty():
+        _fail("this terminal cannot prompt: pass --yes (or set HUB_POOL_ASSUME_YES=1) to confirm")
+    if not typer.confirm(question, default=False):
+        raise typer.Exit(1)
+
+
+def _call(url: Optional[str], method: str, path: str, body: Any = None) -> Any:
+    try:
+        return _client(url).request(method, path, body)
+    except NodeError as exc:
+        _fail(str(exc))
+
+
+def _when(value: Optional[str]) -> str:
+    return value[:19].replace("T", " ") + "Z" if value else "-"
+
+
+@app.command()
+def discover(url: Optional[str] = UrlOption, as_json: bool = JsonOption) -> None:
+    """List unpaired Hubs this node can name (probes each candidate once)."""
+    data = _call(url, "GET", P + "/peers/discoverable/full")
+    if as_json:
+        print(json.dumps(data, indent=2))
+        return
+    if not data["peers"]:
+        out.print("No Hubs found. That is not an error: no unpaired Hub on your tailnet answered.")
+    else:
+        table = Table(box=None, pad_edge=False)
+        for col in ("NODE", "HOSTNAME", "DEVICE ID", "OS", "ONLINE"):
+            table.add_column(col)
+        for p in data["peers"]:
+            online = {True: "online", False: "offline"}.get(p.get("online"), "-")
+            table.add_row(p["nodeFqdn"], p["hostname"], p["tailscaleDeviceId"] or "-", p.get("os") or "-", online)
+        out.print(table)
+    if data.get("unanswered"):
+        out.print("\nDevices that did not answer as a Hub: " + ", ".join(u["nodeFqdn"] for u in data["unanswered"]))
+
+
+@app.command()
+def probe(address: str = typer.Argument(..., help="An address (192.168.1.42, 192.168.1.42:5002) or a hostname."),
+          url: Optional[str] = UrlOption, as_json: bool = JsonOption) -> None:
+    """Check whether a Hub answers at a LAN address (learns no name; pair with a PIN)."""
+    data = _call(url, "POST", P + "/peers/probe", {"address": address})
+    if as_json:
+        print(json.dumps(data, indent=2))
+        return
+    if data["pairable"]:
+        out.print(f"✓ a Hub answers at {address} (pool protocol {data['poolProtocol']}). "
+                  f"Mint a PIN on it (`hubpool pairing-pin`), then: hubpool pair {address} --pin <digits>")
+    else:
+        reason = {"unreachable": "nothing answered", "not_a_hub": "something answered, but not a Hub",
+                  "protocol_too_old": "a Hub on an older pool protocol: pair by its tailnet name instead"}
+        out.print(f"✗ {address}: {reason.get(data['reason'], data['reason'])}")
+        raise typer.Exit(1)
+
+
+@app.command("pairing-pin")
+def pairing_pin(url: Optional[str] = UrlOption) -> None:
+    """Mint a six-digit pairing PIN (ten minutes, single use) for another Hub to pair with this one."""
+    data = _call(url, "POST", P + "/pairing-pin")
+    out.print(f"Pairing PIN: {data['pin']}  (expires {_when(data['expiresAt'])}; works once)")
+    out.print(f"This node's key fingerprint: {data['publicKeyFingerprint'] or '-'}")
+    if data.get("identityError"):
+        err.print(f"warning: {data['identityError']}")
+
+
+@app.command("cancel-pin")
+def cancel_pin(url: Optional[str] = UrlOption) -> None:
+    """Cancel the outstanding pairing PIN."""
+    _call(url, "DELETE", P + "/pairing-pin")
+    out.print("Pairing PIN cancelled.")
+
+
+@app.command()
+def pair(node: str = typer.Argument(..., help="The other Hub's tailnet name, or a LAN address with --pin."),
+         pin: Optional[str] = typer.Option(None, "--pin", help="Six digits minted on the other Hub."),
+         name: Optional[str] = typer.Option(None, "--name", help="A display label for the peer."),
+         yes: bool = YesOption, url: Optional[str] = UrlOption) -> None:
+    """Send a pairing request; an operator on the other Hub approves it there."""
+    from hubpool_core.signing import normalize_peer_fqdn
+
+    is_name = normalize_peer_fqdn(node) is not None and not node.replace(".", "").isdigit()
+    body: dict[str, Any] = {"nodeFqdn": node} if is_name else {"address": node}
+    if pin is not None:
+        body["pin"] = pin
+    if name:
+        body["displayName"] = name
+    _confirm(f"Send a pairing request to {node}?", yes)
+    row = _call(url, "POST", P + "/peers/pair", body)
+    out.print(f"Request sent to {row['nodeFqdn']} (ID {row['id'][:8]}). It waits for an operator there: "
+              f"`hubpool peers`, then `hubpool approve <id>` on {row['nodeFqdn']}.")
+    if row.get("peerKeyFingerprint"):
+        out.print(f"Its key fingerprint: {row['peerKeyFingerprint']}")
+
+
+@app.command()
+def peers(url: Optional[str] = UrlOption, as_json: bool = JsonOption) -> None:
+    """List paired and pending peers (the ID prefix is what approve, reject and unpair take)."""
+    rows = _call(url, "GET", P + "/peers")
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        out.print("No peers. Find one with `hubpool discover` or `hubpool probe <address>`.")
+        return
+    table = Table(box=None, pad_edge=False)
+    for col in ("ID", "NODE", "DIR", "STATUS", "LAST SEEN", "CONTEXT", "AUTH"):
+        table.add_column(col)
+    for r in rows:
+        status = r["status"] + ("/off" if not r["enabled"] else "")
+        ctx = str(r["maxNumCtx"]) if r.get("maxNumCtx") else ("none" if r.get("lastCapabilities") else "?")
+        table.add_row(r["id"][:8], r["nodeFqdn"], "in" if r["direction"] == "inbound" else "out", status,
+                      _when(r["lastSeenAt"]), ctx, r["authMode"])
+    out.print(table)
+
+
+def _peer_action(ident: str, action: str, url: Optional[str], method: str = "POST") -> Any:
+    suffix = "" if action == "" else "/" + action
+    return _call(url, method, P + "/peers/" + quote(ident, safe="") + suffix)
+
+
+@app.command()
+def approve(peer_id: str = typer.Argument(..., help="ID prefix, full ID or node name (see `hubpool peers`)."),
+            yes: bool = YesOption, url: Optional[str] = UrlOption) -> None:
+    """Approve a pending inbound pairing request."""
+    _confirm(f"Approve the pairing request {peer_id}? Approve only Hubs you recognise.", yes)
+    row = _peer_action(peer_id, "approve", url)
+    out.print(f"Approved {row['nodeFqdn']}: {row['status']}.")
+
+
+@app.command()
+def reject(peer_id: str = typer.Argument(..., help="ID prefix, full ID or node name."),
+           yes: bool = YesOption, url: Optional[str] = UrlOption) -> None:
+    """Reject a pending inbound pairing request (the requester is told)."""
+    _confirm(f"Reject the pairing request {peer_id}?", yes)
+    _peer_action(peer_id, "reject", url)
+    out.print(f"Rejected {peer_id}.")
+
+
+@app.command()
+def unpair(peer_id: str = typer.Argument(..., help="ID prefix, full ID or node name."),
+           yes: bool = YesOption, url: Optional[str] = UrlOption) -> None:
+    """Remove a peer (or cancel a request this node sent); the other Hub is told."""
+    _confirm(f"Unpair {peer_id}?", yes)
+    _peer_action(peer_id, "", url, method="DELETE")
+    out.print(f"Unpaired {peer_id}.")
+
+
+@app.command("peer-enable")
+def peer_enable(peer_id: str = typer.Argument(..., help="ID prefix, full ID or node name."),
+                url: Optional[str] = UrlOption) -> None:
+    """Exchange work with this peer again."""
+    row = _peer_action(peer_id, "enable", url)
+    out.print(f"{row['nodeFqdn']}: enabled.")
+
+
+@app.command("peer-disable")
+def peer_disable(peer_id: str = typer.Argument(..., help="ID prefix, full ID or node name."),
+                 url: Optional[str] = UrlOption) -> None:
+    """Stop exchanging work with this peer, keeping the pairing (instantly reversible)."""
+    row = _peer_action(peer_id, "disable", url)
+    out.print(f"{row['nodeFqdn']}: disabled (still paired).")
+
+
+@app.command("rotate-identity")
+def rotate_identity(yes: bool = YesOption, url: Optional[str] = UrlOption) -> None:
+    """Mint a new keypair (same UUID) and unpair every peer, telling each one first."""
+    _confirm("Rotate this node's key? Every peer is unpaired and must pair again.", yes)
+    data = _call(url, "POST", P + "/identity/rotate")
+    out.print(f"New key fingerprint {data['publicKeyFingerprint']}; unpaired {len(data['unpaired'])} peer(s).")
+    if data["unreachable"]:
+        out.print("Could not tell: " + ", ".join(data["unreachable"]) + " — unpair this node there by hand.")

@@ -1,0 +1,83 @@
+"""PoolPeerGuard: admits a peer by Ed25519 signature (preferred) or by the legacy bearer.
+
+Every refusal is a 401 with one of the reference texts; the only named refusal is
+``X-Hub-Pool-Refusal: identity-mismatch`` (protocol.md §2e "Guard").
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from hubpool_core.access import bearer
+from hubpool_core.peers import tokens_match, utcnow
+from hubpool_core.signing import (
+    REFUSAL_HEADER,
+    REFUSAL_IDENTITY_MISMATCH,
+    normalize_peer_fqdn,
+    recipient_mismatch,
+    verify_headers,
+)
+from hubpool_core.store import PoolPeer
+
+log = logging.getLogger("hubpool.guard")
+
+INVALID = "Invalid pool peer credentials"
+MISSING = "Missing pool peer credentials"
+UNKNOWN = "Unknown pool peer"
+BAD_TOKEN = "Invalid pool peer token"
+
+
+class PeerRefused(Exception):
+    def __init__(self, message: str, headers: dict[str, str] | None = None, status: int = 401):
+        super().__init__(message)
+        self.message, self.headers, self.status = message, headers or {}, status
+
+
+def admit(node: Any, method: str, path: str, headers: dict[str, str], body: Any) -> PoolPeer:
+    """The peer row behind a request, or PeerRefused. ``headers`` has lower-case keys."""
+    if headers.get("x-hub-pool-node"):
+        return _admit_signed(node, method, path, headers, body)
+    return _admit_bearer(node, headers)
+
+
+def _admit_signed(node: Any, method: str, path: str, headers: dict[str, str], body: Any) -> PoolPeer:
+    identity = node.identity.get()
+    if identity is None:
+        raise PeerRefused(INVALID)
+    if recipient_mismatch(headers, identity.node_uuid):
+        raise PeerRefused(INVALID, {REFUSAL_HEADER: REFUSAL_IDENTITY_MISMATCH})
+    row = node.peers.by_node_uuid(headers["x-hub-pool-node"])
+    if row is None or not row.peer_public_key:
+        raise PeerRefused(INVALID)
+    claimed = normalize_peer_fqdn(headers.get("x-hub-pool-peer"))
+    if claimed is None:
+        raise PeerRefused(INVALID)
+    verdict = verify_headers(headers, method, path, body, sender_public_key_b64=row.peer_public_key,
+                             recipient_uuid=identity.node_uuid, nonces=node.nonces)
+    if not verdict.ok:
+        log.info("refused a signed request claiming %s: %s", claimed, verdict.reason)
+        raise PeerRefused(INVALID)
+    if claimed != row.node_fqdn:
+        # identity beats address: recorded here, applied by the health tick (node_fqdn is UNIQUE)
+        node.identity.note_observed_peer_fqdn(row.id, claimed)
+    if row.signed_seen_at is None or row.bearer_grace_until is not None:
+        row = node.peers.update(row.id, signed_seen_at=utcnow(), bearer_grace_until=None) or row
+    return row
+
+
+def _admit_bearer(node: Any, headers: dict[str, str]) -> PoolPeer:
+    fqdn = normalize_peer_fqdn(headers.get("x-hub-pool-peer"))
+    token = bearer(headers)
+    if fqdn is None or token is None:
+        raise PeerRefused(MISSING)
+    if node.settings.current.poolRequireSignedPeers:
+        raise PeerRefused(INVALID)
+    row = node.peers.by_fqdn(fqdn)
+    if row is None or not row.verify_token_hash:
+        raise PeerRefused(UNKNOWN)
+    if row.peer_public_key and row.signed_seen_at:
+        raise PeerRefused(INVALID)  # no downgrade for a row seen signing
+    if not tokens_match(token, row.verify_token_hash):
+        raise PeerRefused(BAD_TOKEN)
+    return row

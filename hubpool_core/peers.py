@@ -1,0 +1,189 @@
+"""Peer rows (hub_pool_peer), their public shape, and the tokens sealed at rest.
+
+The table is the durable half of pairing. Token columns never leave this module in a
+public row: ``public_peer`` is the only shape routes and logs ever see.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import secrets
+from datetime import datetime, timezone
+from typing import Any
+
+from nacl.secret import SecretBox
+from sqlalchemy import func, select
+
+from hubpool_core.signing import public_key_fingerprint
+from hubpool_core.store import Database, PoolPeer
+
+PENDING_REQUEST_TTL_S = 24 * 3600
+MAX_PENDING_INBOUND_REQUESTS = 20
+_TOKEN_SALT = b"hubpool/peer-token-seal"
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def aware(value: datetime | None) -> datetime | None:
+    """SQLite hands back naive datetimes; every stored time is UTC."""
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=timezone.utc)
+    return value
+
+
+def iso(value: datetime | None) -> str | None:
+    value = aware(value)
+    return value.isoformat(timespec="milliseconds").replace("+00:00", "Z") if value else None
+
+
+def new_token() -> str:
+    """A pairing token: 32 random bytes as hex, as the reference implementation sends."""
+    return secrets.token_hex(32)
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def tokens_match(presented: str, stored_hash: str | None) -> bool:
+    return bool(stored_hash) and hmac.compare_digest(token_hash(presented), stored_hash)
+
+
+def _box(node_secret: bytes, salt: str) -> SecretBox:
+    prk = hmac.new(_TOKEN_SALT, node_secret, hashlib.sha256).digest()
+    return SecretBox(hmac.new(prk, salt.encode() + b"\x01", hashlib.sha256).digest())
+
+
+def seal_token(node_secret: bytes, salt: str, token: str) -> str:
+    """The token a peer issued us, sealed with the node secret; salt is the peer's FQDN."""
+    return "v1:" + base64.b64encode(bytes(_box(node_secret, salt).encrypt(token.encode()))).decode()
+
+
+def open_token(node_secret: bytes, salt: str, sealed: str) -> str:
+    version, _, payload = sealed.partition(":")
+    if version != "v1":
+        raise ValueError("unknown token seal format")
+    return _box(node_secret, salt).decrypt(base64.b64decode(payload)).decode()
+
+
+def auth_mode(row: PoolPeer) -> str:
+    return "signed" if row.peer_node_uuid and row.peer_public_key else "bearer"
+
+
+def public_peer(row: PoolPeer) -> dict[str, Any]:
+    """Every column except the two token columns, in the wire's camelCase."""
+    return {
+        "id": row.id,
+        "tailscaleDeviceId": row.tailscale_device_id,
+        "nodeFqdn": row.node_fqdn,
+        "displayName": row.display_name,
+        "direction": row.direction,
+        "status": row.status,
+        "enabled": row.enabled,
+        "consecutiveFailures": row.consecutive_failures,
+        "lastSeenAt": iso(row.last_seen_at),
+        "lastCapabilities": row.last_capabilities,
+        "peerNodeUuid": row.peer_node_uuid,
+        "peerPublicKey": row.peer_public_key,
+        "peerKeyFingerprint": public_key_fingerprint(row.peer_public_key),
+        "bearerGraceUntil": iso(row.bearer_grace_until),
+        "signedSeenAt": iso(row.signed_seen_at),
+        "authMode": auth_mode(row),
+        "createdAt": iso(row.created_at),
+        "updatedAt": iso(row.updated_at),
+    }
+
+
+class PeerRepo:
+    """Queries over hub_pool_peer. Each call is its own short transaction."""
+
+    def __init__(self, db: Database):
+        self.db = db
+
+    def all(self) -> list[PoolPeer]:
+        with self.db.session() as s:
+            return list(s.scalars(select(PoolPeer).order_by(PoolPeer.node_fqdn)))
+
+    def by_id(self, peer_id: str) -> PoolPeer | None:
+        with self.db.session() as s:
+            return s.get(PoolPeer, peer_id)
+
+    def by_fqdn(self, fqdn: str) -> PoolPeer | None:
+        with self.db.session() as s:
+            return s.scalars(select(PoolPeer).where(PoolPeer.node_fqdn == fqdn)).first()
+
+    def by_node_uuid(self, node_uuid: str) -> PoolPeer | None:
+        with self.db.session() as s:
+            return s.scalars(select(PoolPeer).where(PoolPeer.peer_node_uuid == node_uuid)).first()
+
+    def resolve(self, ident: str) -> PoolPeer:
+        """A row by full id, unique id prefix, or node name; LookupError says why not."""
+        ident = ident.strip().lower().rstrip(".")
+        rows = self.all()
+        for row in rows:
+            if row.id == ident or row.node_fqdn == ident:
+                return row
+        matches = [r for r in rows if len(ident) >= 4 and r.id.startswith(ident)]
+        if len(matches) > 1:
+            raise LookupError(f"{ident!r} matches {len(matches)} peers; give more of the ID")
+        if not matches:
+            short = [r for r in rows if r.node_fqdn.split(".")[0] == ident]
+            if len(short) == 1:
+                return short[0]
+            raise LookupError(f"No pool peer with that id or name: {ident!r} (see `hubpool peers`)")
+        return matches[0]
+
+    def pending_inbound_count(self) -> int:
+        with self.db.session() as s:
+            return s.scalar(select(func.count()).select_from(PoolPeer).where(
+                PoolPeer.direction == "inbound", PoolPeer.status == "pending")) or 0
+
+    def add(self, row: PoolPeer) -> PoolPeer:
+        with self.db.session() as s:
+            s.add(row)
+            s.commit()
+            s.refresh(row)
+            return row
+
+    def update(self, peer_id: str, **changes: Any) -> PoolPeer | None:
+        with self.db.session() as s:
+            row = s.get(PoolPeer, peer_id)
+            if row is None:
+                return None
+            for key, value in changes.items():
+                setattr(row, key, value)
+            row.updated_at = utcnow()
+            s.commit()
+            s.refresh(row)
+            return row
+
+    def delete(self, peer_id: str) -> bool:
+        with self.db.session() as s:
+            row = s.get(PoolPeer, peer_id)
+            if row is None:
+                return False
+            s.delete(row)
+            s.commit()
+            return True
+
+    def delete_all(self) -> None:
+        with self.db.session() as s:
+            for row in s.scalars(select(PoolPeer)):
+                s.delete(row)
+            s.commit()
+
+    def expire_pending(self, now: datetime | None = None) -> list[str]:
+        """Drop pending rows, in both directions, older than 24 hours; returns their names."""
+        now = now or utcnow()
+        gone = []
+        with self.db.session() as s:
+            for row in s.scalars(select(PoolPeer).where(PoolPeer.status == "pending")):
+                if (now - aware(row.created_at)).total_seconds() >= PENDING_REQUEST_TTL_S:
+                    gone.append(row.node_fqdn)
+                    s.delete(row)
+            s.commit()
+        return gone

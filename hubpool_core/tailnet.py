@@ -1,0 +1,60 @@
+"""This node's place on the tailnet, asked of the directories that can say."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from hubpool_core.directory import Directory, TailnetStatus
+from hubpool_core.signing import normalize_peer_fqdn
+
+log = logging.getLogger("hubpool.tailnet")
+
+NOT_CONNECTED = TailnetStatus(connected=False, error="no directory plugin reports a tailnet")
+
+
+class Tailnet:
+    def __init__(self, directories: list[Directory]):
+        self.directories = directories
+
+    async def status(self) -> TailnetStatus:
+        """The first directory that knows wins; plugins cache (the daemon's for 30 s)."""
+        for directory in self.directories:
+            if not directory.configured():
+                continue
+            try:
+                status = await directory.tailnet_status()
+            except Exception as exc:  # noqa: BLE001 - a plugin bug reads as "not on a tailnet"
+                log.warning("directory %s failed to report tailnet status: %s", directory.name, exc)
+                continue
+            if status is not None:
+                return status
+        return NOT_CONNECTED
+
+    async def self_fqdn(self) -> str | None:
+        return normalize_peer_fqdn((await self.status()).self_fqdn)
+
+    async def suffix(self) -> str | None:
+        status = await self.status()
+        return status.suffix.strip(".").lower() if status.suffix else None
+
+
+def peer_url_overrides(raw: str | None) -> dict[str, str]:
+    """HUB_POOL_PEER_URLS: a JSON map of FQDN to base URL, for several nodes on one machine."""
+    if not raw:
+        return {}
+    try:
+        data: Any = json.loads(raw)
+    except ValueError:
+        log.error("HUB_POOL_PEER_URLS is not a JSON object of FQDN to base URL; ignoring it")
+        return {}
+    if not isinstance(data, dict):
+        log.error("HUB_POOL_PEER_URLS must be a JSON object; ignoring it")
+        return {}
+    out = {}
+    for name, url in data.items():
+        fqdn = normalize_peer_fqdn(name)
+        if fqdn and isinstance(url, str) and url.startswith(("http://", "https://")):
+            out[fqdn] = url.rstrip("/")
+    return out

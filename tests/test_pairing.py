@@ -1,0 +1,209 @@
+"""Pairing between real nodes on loopback, as an operator does it: with a PIN, without one,
+by address, approve, reject, unpair — over HTTP and through the CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from harness import fqdn, make_pool
+
+P = "/api/inference/pool"
+
+
+def op(node, method: str, path: str, body=None, expect: int | None = 200):
+    with node.client(headers=node.headers()) as c:
+        r = c.request(method, P + path, json=body)
+    if expect is not None:
+        assert r.status_code == expect, (r.status_code, r.text)
+    return r.json()
+
+
+def rows(node) -> dict[str, dict]:
+    return {r["nodeFqdn"]: r for r in op(node, "GET", "/peers")}
+
+
+def fingerprint(node) -> str:
+    return op(node, "GET", "/status")["localNode"]["identity"]["publicKeyFingerprint"]
+
+
+@pytest.fixture
+def pool2(tmp_path):
+    nodes = make_pool(tmp_path, ["hub-a", "hub-b"])
+    for n in nodes.values():
+        n.start()
+    yield nodes
+    for n in nodes.values():
+        n.stop()
+
+
+@pytest.fixture
+def pool3(tmp_path):
+    nodes = make_pool(tmp_path, ["hub-a", "hub-b", "hub-c"])
+    for n in nodes.values():
+        n.start()
+    yield nodes
+    for n in nodes.values():
+        n.stop()
+
+
+def test_status_knows_this_nodes_tailnet_name_and_identity(pool2):
+    status = op(pool2["hub-a"], "GET", "/status")
+    assert status["localNode"]["nodeFqdn"] == fqdn("hub-a")
+    assert status["localNode"]["tailscaleConnected"] is True
+    assert status["localNode"]["tailnet"] == "example-tailnet.ts.net"
+    assert status["localNode"]["identity"]["publicKeyFingerprint"].count(":") == 7
+    assert status["reason"] == "no_peers"
+
+
+def test_pair_with_a_pin_then_approve(pool2):
+    a, b = pool2["hub-a"], pool2["hub-b"]
+    minted = op(b, "POST", "/pairing-pin")
+    assert len(minted["pin"]) == 6 and minted["pin"].isdigit()
+    assert op(b, "GET", "/status")["pairingPin"]["active"] is True
+    assert "pin" not in op(b, "GET", "/status")["pairingPin"]
+    row = op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn("hub-b"), "pin": minted["pin"]})
+    assert row["status"] == "pending" and row["direction"] == "outbound"
+    assert row["peerKeyFingerprint"] == fingerprint(b)  # learned with the PIN, from B's answer
+    inbound = rows(b)[fqdn("hub-a")]
+    assert inbound["status"] == "pending" and inbound["direction"] == "inbound"
+    assert inbound["peerKeyFingerprint"] == fingerprint(a)  # what the approver compares
+    assert op(b, "GET", "/status")["pairingPin"]["active"] is False  # single use
+    approved = op(b, "POST", f"/peers/{inbound['id'][:8]}/approve")
+    assert approved["status"] == "connected"
+    a_row = rows(a)[fqdn("hub-b")]
+    assert a_row["status"] == "connected" and a_row["authMode"] == "signed"
+    assert a_row["signedSeenAt"] is not None  # the confirm arrived signed
+    assert rows(b)[fqdn("hub-a")]["authMode"] == "signed"
+    for n in (a, b):
+        assert op(n, "GET", "/status")["peerCounts"]["connected"] == 1
+
+
+def test_pair_without_a_pin_then_approve_by_name(pool2):
+    a, b = pool2["hub-a"], pool2["hub-b"]
+    row = op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn("hub-b")})
+    assert row["status"] == "pending" and row["peerKeyFingerprint"] is None
+    inbound = rows(b)[fqdn("hub-a")]
+    assert inbound["peerKeyFingerprint"] is None  # no PIN, no key: the name is only a claim
+    op(b, "POST", f"/peers/{fqdn('hub-a')}/approve")
+    assert rows(a)[fqdn("hub-b")]["status"] == "connected"
+    assert rows(b)[fqdn("hub-a")]["status"] == "connected"
+    # the identity exchange rode the authenticated confirm: both ends are pinned
+    assert rows(a)[fqdn("hub-b")]["peerKeyFingerprint"] == fingerprint(b)
+    assert rows(b)[fqdn("hub-a")]["peerKeyFingerprint"] == fingerprint(a)
+
+
+def test_reject_clears_both_sides(pool2):
+    a, b = pool2["hub-a"], pool2["hub-b"]
+    op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn("hub-b")})
+    inbound = rows(b)[fqdn("hub-a")]
+    assert op(b, "POST", f"/peers/{inbound['id']}/reject") == {"success": True}
+    assert rows(b) == {}
+    assert rows(a) == {}  # the authenticated callback dropped the requester's half
+
+
+def test_unpair_tells_the_other_side(pool2):
+    a, b = pool2["hub-a"], pool2["hub-b"]
+    op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn("hub-b")})
+    op(b, "POST", f"/peers/{fqdn('hub-a')}/approve")
+    assert op(a, "DELETE", f"/peers/{rows(a)[fqdn('hub-b')]['id'][:8]}") == {"success": True}
+    assert rows(a) == {} and rows(b) == {}
+    # and they can pair again
+    op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn("hub-b")})
+    assert rows(b)[fqdn("hub-a")]["status"] == "pending"
+
+
+def test_a_second_request_while_a_row_exists(pool2):
+    a, b = pool2["hub-a"], pool2["hub-b"]
+    op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn("hub-b")})
+    r = op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn("hub-b")}, expect=409)
+    assert r["error"] == f"Already paired or pairing with {fqdn('hub-b')}"
+    # B also asked A: each holds a row for its own request, so each ignores the other's
+    op(b, "POST", "/peers/pair", {"nodeFqdn": fqdn("hub-a")}, expect=409)
+
+
+def test_a_node_refuses_to_pair_with_itself(pool2):
+    a = pool2["hub-a"]
+    assert op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn("hub-a")}, expect=409)["error"].endswith("is this Hub")
+
+
+def test_pair_by_address_needs_the_dev_switch_on_loopback(pool2):
+    a, b = pool2["hub-a"], pool2["hub-b"]
+    pin = op(b, "POST", "/pairing-pin")["pin"]
+    r = op(a, "POST", "/peers/pair", {"address": f"127.0.0.1:{b.port}", "pin": pin}, expect=400)
+    assert "loopback" in r["error"].lower()
+    assert op(b, "GET", "/status")["pairingPin"]["active"] is True  # refused before any call
+
+
+def test_pair_by_address_with_a_pin(tmp_path):
+    nodes = make_pool(tmp_path, ["hub-a", "hub-b"], {"HUB_POOL_DEV_ALLOW_LOOPBACK_PEERS": "true"})
+    a, b = nodes["hub-a"].start(), nodes["hub-b"].start()
+    try:
+        probe = op(a, "POST", "/peers/probe", {"address": f"127.0.0.1:{b.port}"})
+        assert probe == {"address": f"127.0.0.1:{b.port}", "isCiHub": True, "poolProtocol": 2,
+                         "pairable": True, "reason": None}
+        op(a, "POST", "/peers/pair", {"address": f"127.0.0.1:{b.port}"}, expect=400)  # no PIN, no name
+        pin = op(b, "POST", "/pairing-pin")["pin"]
+        row = op(a, "POST", "/peers/pair", {"address": f"127.0.0.1:{b.port}", "pin": pin})
+        assert row["nodeFqdn"] == fqdn("hub-b")  # the PIN exchange is what named it
+        assert row["peerKeyFingerprint"] == fingerprint(b)
+        op(b, "POST", f"/peers/{fqdn('hub-a')}/approve")
+        assert rows(a)[fqdn("hub-b")]["status"] == "connected"
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_three_nodes_pair_in_a_star(pool3):
+    a, b, c = pool3["hub-a"], pool3["hub-b"], pool3["hub-c"]
+    op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn("hub-b")})
+    pin = op(c, "POST", "/pairing-pin")["pin"]
+    op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn("hub-c"), "pin": pin})
+    op(b, "POST", f"/peers/{fqdn('hub-a')}/approve")
+    op(c, "POST", f"/peers/{fqdn('hub-a')}/approve")
+    assert {k: v["status"] for k, v in rows(a).items()} == {fqdn("hub-b"): "connected", fqdn("hub-c"): "connected"}
+    # B and C pair with each other too
+    op(b, "POST", "/peers/pair", {"nodeFqdn": fqdn("hub-c")})
+    op(c, "POST", f"/peers/{fqdn('hub-b')}/reject")
+    assert fqdn("hub-c") not in rows(b)
+    assert op(a, "GET", "/status")["peerCounts"] == {"total": 2, "connected": 2, "pending": 0, "unreachable": 0,
+                                                      "disabled": 0}
+
+
+def _cli(node, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HUB_POOL_DATA_DIR": str(node.env.data_dir), "HUB_POOL_LISTEN": f"127.0.0.1:{node.port}",
+           "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "hubpool_core.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=60, stdin=subprocess.DEVNULL)
+
+
+def test_the_cli_flow_an_operator_follows(pool2):
+    a, b = pool2["hub-a"], pool2["hub-b"]
+    minted = _cli(b, "pairing-pin")
+    assert minted.returncode == 0, minted.stderr
+    pin = minted.stdout.split("Pairing PIN:")[1].split()[0]
+    refused = _cli(a, "pair", fqdn("hub-b"), "--pin", pin)
+    assert refused.returncode == 1 and "--yes" in refused.stderr  # cannot prompt here
+    sent = _cli(a, "pair", fqdn("hub-b"), "--pin", pin, "--yes")
+    assert sent.returncode == 0, sent.stderr
+    listed = _cli(b, "peers")
+    assert "pending" in listed.stdout and fqdn("hub-a") in listed.stdout
+    prefix = rows(b)[fqdn("hub-a")]["id"][:8]
+    assert prefix in listed.stdout
+    approved = subprocess.run(
+        [sys.executable, "-m", "hubpool_core.cli", "approve", prefix], capture_output=True, text=True, timeout=60,
+        env={**os.environ, "HUB_POOL_DATA_DIR": str(b.env.data_dir), "HUB_POOL_LISTEN": f"127.0.0.1:{b.port}",
+             "HUB_POOL_ASSUME_YES": "1"}, stdin=subprocess.DEVNULL)
+    assert approved.returncode == 0, approved.stderr
+    assert "connected" in _cli(a, "peers").stdout
+    assert _cli(a, "unpair", fqdn("hub-b"), "--yes").returncode == 0
+    deadline = time.monotonic() + 5
+    while rows(b) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert rows(b) == {}
+    bad = _cli(a, "approve", "nope", "--yes")
+    assert bad.returncode == 1 and "No pool peer" in bad.stderr and "Traceback" not in bad.stderr
