@@ -60,6 +60,10 @@ class Directory(ABC):
     """
 
     name: ClassVar[str]
+    #: True for a directory that names devices by their tailnet (MagicDNS) name: its entries
+    #: win a merge (their name is the one the transport dials), carry no ``source`` on the
+    #: wire, and it is consulted only while this node is on a tailnet.
+    is_tailnet: ClassVar[bool] = False
 
     def __init__(self, env: Any) -> None:
         self.env = env

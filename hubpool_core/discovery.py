@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Set
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -40,7 +40,6 @@ __all__ = [
     "MIN_PAIR_BY_ADDRESS_PROTOCOL",
     "POOL_PROTOCOL_VERSION",
     "PROBE_TIMEOUT_S",
-    "TAILNET_SOURCES",
     "DiscoverablePeer",
     "discover",
     "https_peer_url",
@@ -57,11 +56,6 @@ POOL_PROTOCOL_VERSION = 2
 MIN_PAIR_BY_ADDRESS_PROTOCOL = 2
 #: ``DISCOVERY_PROBE_TIMEOUT_MS = 5_000`` (protocol.md §2d).
 PROBE_TIMEOUT_S = 5.0
-#: Directory names whose entries are "the tailnet named this": they win a fold and carry no
-#: ``source`` on the wire (absence is the only encoding of a tailnet entry, spec).
-TAILNET_SOURCES = frozenset({"tailscale_daemon", "tailscale_admin"})
-#: Directories queried only when this node is on a tailnet (spec table, "Needs" column).
-_NEEDS_TAILNET = TAILNET_SOURCES
 #: An /identify answer is a few dozen bytes; read no more than this of whatever answers.
 _IDENTIFY_MAX_BYTES = 64 * 1024
 #: Concurrent /identify probes in one discover() call; a large tailnet still finishes in a
@@ -105,14 +99,14 @@ class DiscoverablePeer:
         return out
 
 
-def _peer_from(candidate: DirectoryCandidate, fqdn: str) -> DiscoverablePeer:
+def _peer_from(candidate: DirectoryCandidate, fqdn: str, tailnet_sources: Set[str]) -> DiscoverablePeer:
     hostname = candidate.hostname.strip() if isinstance(candidate.hostname, str) else ""
     device_id = candidate.device_id if isinstance(candidate.device_id, str) else ""
     return DiscoverablePeer(
         tailscaleDeviceId=device_id,
         nodeFqdn=fqdn,
         hostname=hostname or fqdn.split(".", 1)[0],
-        source=None if candidate.source in TAILNET_SOURCES else str(candidate.source),
+        source=None if candidate.source in tailnet_sources else str(candidate.source),
         os=candidate.os if isinstance(candidate.os, str) and candidate.os else None,
         online=candidate.online if isinstance(candidate.online, bool) else None,
     )
@@ -128,7 +122,8 @@ def _backfilled(winner: DiscoverablePeer, other: DiscoverablePeer) -> Discoverab
     )
 
 
-def merge_candidates(lists: Iterable[list[DirectoryCandidate]]) -> list[DiscoverablePeer]:
+def merge_candidates(lists: Iterable[list[DirectoryCandidate]],
+                     tailnet_sources: Set[str] = frozenset()) -> list[DiscoverablePeer]:
     """Fold every directory's candidates into one entry per node, sorted by ``nodeFqdn``.
 
     The fold key is :func:`~hubpool_core.signing.normalize_peer_fqdn` of the candidate's name
@@ -137,7 +132,10 @@ def merge_candidates(lists: Iterable[list[DirectoryCandidate]]) -> list[Discover
     survive ``peers/pair``. Never folds on a UUID a far side claims: that would let a hostile
     box suppress a real node from the list (spec "Where pairing candidates come from").
 
-    Precedence: a tailnet entry (source in :data:`TAILNET_SOURCES`) beats any other, because its
+    ``tailnet_sources`` names the directories whose ``is_tailnet`` is true (absence of
+    ``source`` on the wire is the only encoding of their entries, spec).
+
+    Precedence: a tailnet entry (source in ``tailnet_sources``) beats any other, because its
     name is the one the transport dials; among equals the first seen wins (``lists`` order,
     then list order). The winner keeps its own hostname and source; its device id, ``os`` and
     ``online`` are back-filled from the losers only where it has none.
@@ -150,7 +148,7 @@ def merge_candidates(lists: Iterable[list[DirectoryCandidate]]) -> list[Discover
             fqdn = normalize_peer_fqdn(candidate.node_fqdn)
             if fqdn is None:
                 continue
-            incoming = _peer_from(candidate, fqdn)
+            incoming = _peer_from(candidate, fqdn, tailnet_sources)
             held = merged.get(fqdn)
             if held is None:
                 merged[fqdn] = incoming
@@ -269,7 +267,7 @@ def _consulted(directory: Directory, tailnet_connected: bool) -> bool:
         return False
     # spec: the Admin API is queried with the tailnet name the local daemon reports, so a node
     # that has not joined a tailnet enumerates nothing from it, however valid the credential.
-    return tailnet_connected or getattr(directory, "name", None) not in _NEEDS_TAILNET
+    return tailnet_connected or not getattr(directory, "is_tailnet", False)
 
 
 def _normalised_names(names: Iterable[str | None]) -> set[str]:
@@ -295,7 +293,7 @@ async def discover(
     """The discoverable-peers answer: ``{"peers": [...], "unanswered": [...]}``.
 
     ``directories`` are the registered directory instances; each whose ``configured()`` is
-    true is asked, concurrently — except the tailnet directories (:data:`TAILNET_SOURCES`)
+    true is asked, concurrently — except the tailnet directories (``is_tailnet``)
     when ``tailnet_connected`` is false. A directory that raises contributes nothing (debug
     log). The candidates are merged (:func:`merge_candidates`); every name in ``exclude``
     (the already-paired ``node_fqdn`` values) and ``self_fqdn`` (this node's own name, or
@@ -317,7 +315,8 @@ async def discover(
 
     # spec: already-paired names are excluded before probing, and so is this node itself.
     skip = _normalised_names([*exclude, self_fqdn])
-    candidates = [peer for peer in merge_candidates(lists) if peer.nodeFqdn not in skip]
+    tailnet_sources = {d.name for d in consulted if getattr(d, "is_tailnet", False)}
+    candidates = [peer for peer in merge_candidates(lists, tailnet_sources) if peer.nodeFqdn not in skip]
     if not candidates:
         return {"peers": [], "unanswered": []}
 

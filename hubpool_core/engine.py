@@ -24,8 +24,9 @@ The core asks what an engine *can do* (``dialects``, ``renders_own_template``,
 from __future__ import annotations
 
 import json
+import re
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -85,6 +86,54 @@ class ProbeResult:
 
 
 @dataclass(frozen=True)
+class JsonAnswer:
+    """What one :meth:`Engine.get_json` call got back.
+
+    ``error`` is ``None`` exactly when the engine answered 200 with JSON; otherwise it is
+    the operator-facing sentence saying what went wrong (refused, timed out, key refused,
+    another status, not JSON), ready for :attr:`ProbeResult.error`.
+    ``body`` is the parsed JSON whenever the answer was JSON, *whatever its status*
+    (so a 503's error body can be read); ``None`` when there was no answer or it was not
+    JSON (a JSON ``null`` is also ``None``, with ``error`` still ``None`` on a 200).
+    ``status`` is the HTTP status, or ``None`` when nothing answered the request.
+    ``running`` says something listened at the base URL: ``False`` only for a refused
+    connection or one not made in time, ``True`` for a read timeout or any HTTP answer.
+    """
+
+    body: Any = None
+    error: str | None = None
+    status: int | None = None
+    running: bool = True
+
+    @property
+    def ok(self) -> bool:
+        """True for a 200 with JSON (``error`` is ``None``)."""
+        return self.error is None
+
+    def unhealthy(self) -> ProbeResult:
+        """This failed answer as a probe result: ``running`` as it was, never healthy."""
+        return ProbeResult(running=self.running, healthy=False, error=self.error)
+
+
+class ProbeFailed(Exception):
+    """Raised by a probe step that cannot go on (see :meth:`Engine.require_json`).
+
+    ``error`` is the operator-facing sentence; ``running`` says whether anything answered.
+    :meth:`Engine.probe_failure` turns it into an unhealthy :class:`ProbeResult`, so a
+    multi-step probe can ``raise`` from any depth and keep the "probes never raise" rule.
+    """
+
+    def __init__(self, error: str, *, running: bool = True) -> None:
+        super().__init__(error)
+        self.error = error
+        self.running = running
+
+    def result(self) -> ProbeResult:
+        """The unhealthy :class:`ProbeResult` this failure stands for."""
+        return ProbeResult(running=self.running, healthy=False, error=self.error)
+
+
+@dataclass(frozen=True)
 class ResidentModel:
     """A model the engine holds in memory now. ``context_window`` is the window it is
     loaded at, or ``None`` when the engine does not say."""
@@ -130,6 +179,19 @@ class Engine(ABC):
     has a default that is correct for an engine that reports nothing beyond the
     dialect's basics. Methods never raise for an engine that is down or answers
     nonsense: they return ``None`` or an unhealthy :class:`ProbeResult`.
+
+    Helpers for writing :meth:`probe` (the plugin keeps only what is its engine's own):
+    :meth:`get_json` / :meth:`require_json` (one authenticated GET, every failure as an
+    operator's sentence), :meth:`wrong_answer` and :meth:`probe_failure` (the rest of the
+    sentences), :meth:`openai_models` (the model listing), :meth:`other_engine_result`
+    (a server that names another engine in ``owned_by``), and :meth:`probe_openai_listing`
+    (the whole probe of an engine whose listing is its health check). Declaring
+    :attr:`request_errors` is enough for :meth:`request_error`.
+
+    Defining a subclass checks and compiles :attr:`request_errors` (an unknown signature
+    or a bad pattern raises at import, so the plugin shows as inactive with the reason),
+    defaults :attr:`product` to :attr:`kind`, and records the class, so other engines
+    can recognise its :attr:`owned_by_names` (see :meth:`other_engine_named`).
     """
 
     #: Short lower-case label, sent as ``X-Hub-Pool-Backend`` and printed in logs.
@@ -149,6 +211,42 @@ class Engine(ABC):
     states_slots: ClassVar[bool] = False
     #: True when the engine can tell what it holds in memory (:meth:`residency`).
     has_residency: ClassVar[bool] = False
+    #: The engine's name as operators know it (for example ``vLLM``), used in every error
+    #: sentence. Defaults to :attr:`kind` for a class that sets ``kind`` but not this.
+    product: ClassVar[str]
+    #: ``owned_by`` values (matched trimmed and lower-case) by which this engine names
+    #: itself in an OpenAI model listing. A server listing only these, or only names no
+    #: engine claims, is left alone; one naming another engine's is that engine
+    #: (:meth:`other_engine_named`). Empty: the engine states no owner of its own.
+    owned_by_names: ClassVar[frozenset[str]] = frozenset()
+    #: Error texts that are a verdict on the request, as ``(signature, regex)`` rows:
+    #: signature one of :data:`REQUEST_ERROR_SIGNATURES`, regex searched
+    #: case-insensitively in :func:`error_message` of the body. First match wins, so put
+    #: the at-once verdicts before the ones that wait for a second candidate. Checked and
+    #: compiled once, when the class is defined.
+    request_errors: ClassVar[tuple[tuple[str, str], ...]] = ()
+    #: The field of an OpenAI model-listing entry that states the window the engine runs
+    #: the model at (for example ``max_model_len``), read by :meth:`probe_openai_listing`;
+    #: ``None`` when the listing states none.
+    listing_window_field: ClassVar[str | None] = None
+
+    #: ``request_errors`` compiled (filled by ``__init_subclass__``).
+    _request_error_patterns: ClassVar[tuple[tuple[str, re.Pattern[str]], ...]] = ()
+    #: Every Engine subclass defined in this process, by (module, qualified name), in
+    #: definition order; a re-imported module replaces its classes rather than adding.
+    _defined: ClassVar[dict[tuple[str, str], type[Engine]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "product" not in cls.__dict__ and "kind" in cls.__dict__:
+            cls.product = cls.kind
+        names = cls.owned_by_names
+        if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+            raise TypeError(f"{cls.__qualname__}.owned_by_names must be a set of strings, got {names!r}")
+        cls.owned_by_names = frozenset(_owner(n) for n in names) - {""}
+        if "request_errors" in cls.__dict__:
+            cls._request_error_patterns = _compile_request_errors(cls.__qualname__, cls.request_errors)
+        Engine._defined[(cls.__module__, cls.__qualname__)] = cls
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -160,6 +258,182 @@ class Engine(ABC):
         if self.config.api_key:
             return {"Authorization": f"Bearer {self.config.api_key}"}
         return {}
+
+    @property
+    def api_key_var(self) -> str:
+        """The variable holding this node's key for the engine: ``<NAME>_API_KEY`` beside
+        :attr:`env_var` ``<NAME>_URL``."""
+        return self.env_var.removesuffix("_URL") + "_API_KEY"
+
+    def url_hint(self) -> str:
+        """Where the operator changes the URL, for the end of an error sentence:
+        ``"<ENV_VAR> points here"`` when the URL came from it, else ``"set <ENV_VAR>"``."""
+        if self.config.source == self.env_var:
+            return f"{self.env_var} points here"
+        return f"set {self.env_var}"
+
+    async def get_json(self, http: httpx.AsyncClient, path: str, *,
+                       timeout: float | None = None) -> JsonAnswer:
+        """GET ``base_url + path`` with :meth:`auth_headers` and read the answer as JSON.
+
+        Never raises for anything the network or the server does. ``timeout`` (seconds)
+        overrides the client's for this one request. Every failure is a
+        :class:`JsonAnswer` whose ``error`` tells the operator what to do:
+
+        * nothing listening: ``connection refused at <url> (is <product> running?
+          set <ENV_VAR>)`` (``running=False``); a connection not made in time:
+          ``no connection to <url> within the probe timeout (...)`` (``running=False``);
+        * connected but no answer in time: ``<url> took the connection but did not answer
+          GET <path> in time``; another transport failure: ``GET <url><path> failed: ...``
+          (``running`` only when something listened: protocol or read errors);
+        * 401/403: ``<product> at <url> refused this node's API key (401); check
+          <NAME>_API_KEY``, or, holding no key, ``... wants an API key (401) and this node
+          holds none for it (set <NAME>_API_KEY)``;
+        * any other non-200: ``<product> at <url> answered GET <path> with 503`` followed
+          by ``: <message>`` when the body has one (:func:`error_message`);
+        * a 200 that is not JSON: :meth:`wrong_answer` ``"with something that is not JSON"``.
+        """
+        extra: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+        hint = f"(is {self.product} running? {self.url_hint()})"
+        try:
+            response = await http.get(self.base_url + path, headers=self.auth_headers(), **extra)
+        except httpx.ConnectTimeout:
+            return JsonAnswer(error=f"no connection to {self.base_url} within the probe timeout {hint}",
+                              running=False)
+        except httpx.ConnectError:
+            return JsonAnswer(error=f"connection refused at {self.base_url} {hint}", running=False)
+        except httpx.TimeoutException:
+            return JsonAnswer(error=f"{self.base_url} took the connection but did not answer "
+                                    f"GET {path} in time")
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
+            # A protocol or read error means something listened; anything else, nothing did.
+            answered = isinstance(exc, (httpx.ProtocolError, httpx.ReadError))
+            return JsonAnswer(error=f"GET {self.base_url}{path} failed: {exc or type(exc).__name__}",
+                              running=answered)
+        status = response.status_code
+        try:
+            body, is_json = response.json(), True
+        except ValueError:
+            body, is_json = None, False
+        return JsonAnswer(body=body, error=self._answer_error(path, status, body, is_json), status=status)
+
+    def _answer_error(self, path: str, status: int, body: Any, is_json: bool) -> str | None:
+        """The operator's sentence for an HTTP answer that is not a 200 with JSON."""
+        if status in (401, 403):
+            if self.config.api_key:
+                return (f"{self.product} at {self.base_url} refused this node's API key ({status}); "
+                        f"check {self.api_key_var}")
+            return (f"{self.product} at {self.base_url} wants an API key ({status}) and this node "
+                    f"holds none for it (set {self.api_key_var})")
+        if status != 200:
+            detail = error_message(body)
+            return (f"{self.product} at {self.base_url} answered GET {path} with {status}"
+                    + (f": {detail}" if detail else ""))
+        if not is_json:
+            return self.wrong_answer(path, "with something that is not JSON").error
+        return None
+
+    async def require_json(self, http: httpx.AsyncClient, path: str, *,
+                           timeout: float | None = None) -> Any:
+        """:meth:`get_json`'s body of a 200 with JSON; any failure raises
+        :class:`ProbeFailed` carrying its sentence and ``running``."""
+        answer = await self.get_json(http, path, timeout=timeout)
+        if answer.error is not None:
+            raise ProbeFailed(answer.error, running=answer.running)
+        return answer.body
+
+    async def openai_models(self, http: httpx.AsyncClient) -> list[Mapping[str, Any]]:
+        """The entries of the engine's OpenAI model listing (``GET <openai_prefix>/models``)
+        that carry a string ``id``, in the engine's order; malformed entries are skipped.
+        A failed GET (see :meth:`get_json`) or an answer without a ``data`` list raises
+        :class:`ProbeFailed` (``... without a model list (is it <product>? ...)``).
+        Whether the listing names another engine is :meth:`other_engine_result`."""
+        path = self.openai_prefix + "/models"
+        body = await self.require_json(http, path)
+        data = body.get("data") if isinstance(body, Mapping) else None
+        if not isinstance(data, list):
+            raise self.wrong_answer(path, "without a model list")
+        return [e for e in data if isinstance(e, Mapping) and isinstance(e.get("id"), str)]
+
+    async def probe_openai_listing(self, http: httpx.AsyncClient) -> ProbeResult:
+        """A whole probe for an engine whose OpenAI model listing is both its health check
+        and its inventory: :meth:`openai_models`, then :meth:`other_engine_result`, then one
+        :class:`ModelInfo` per entry (``id``, ``owned_by``, and the window from
+        :attr:`listing_window_field` when it is a positive integer). Never raises."""
+        try:
+            entries = await self.openai_models(http)
+            other = self.other_engine_result(e.get("owned_by") for e in entries)
+            if other:
+                return other
+            field_ = self.listing_window_field
+            models = tuple(
+                ModelInfo(id=e["id"], owned_by=_text(e.get("owned_by")),
+                          context_window=_positive_int(e.get(field_)) if field_ else None)
+                for e in entries
+            )
+            return ProbeResult(running=True, healthy=True, models=models)
+        except Exception as exc:  # the contract: a probe never raises, whatever came back
+            return self.probe_failure(exc)
+
+    def wrong_answer(self, path: str, what: str) -> ProbeFailed:
+        """A failure for a server that answered but not as this engine does, to raise:
+        ``the server at <url> answered GET <path> <what> (is it <product>? set <ENV_VAR>)``,
+        with ``what`` such as ``"without a model list"``. ``running`` is ``True``."""
+        return ProbeFailed(f"the server at {self.base_url} answered GET {path} {what} "
+                           f"(is it {self.product}? {self.url_hint()})")
+
+    def probe_failure(self, exc: BaseException) -> ProbeResult:
+        """The unhealthy result of a probe that stopped on ``exc``: a :class:`ProbeFailed`
+        says its own sentence; anything else (an answer of a shape the code did not expect)
+        is ``running=True`` with ``could not read the answer of <url>: <exc>``. Lets a
+        probe end in ``except Exception as exc: return self.probe_failure(exc)``."""
+        if isinstance(exc, ProbeFailed):
+            return exc.result()
+        return ProbeResult(running=True, healthy=False,
+                           error=f"could not read the answer of {self.base_url}: {exc!r}")
+
+    # -- telling engines apart -------------------------------------------------------
+    def other_engine_named(self, owned_by_values: Iterable[Any]) -> str | None:
+        """The :attr:`product` of another engine the ``owned_by`` values name, else ``None``.
+
+        ``owned_by_values`` are the ``owned_by`` fields of a model listing (anything;
+        compared trimmed and lower-case, non-strings ignored). ``None`` when any value is
+        one of this class's :attr:`owned_by_names` (the server names this engine), or
+        when none is claimed by another Engine subclass defined in this process (generic
+        owners such as ``organization-owner`` or ``system`` name no engine). Values are
+        tried in sorted order and classes in definition order, so the answer is stable.
+        """
+        other = self._other_engine_class(owned_by_values)
+        return other.product if other is not None else None
+
+    def other_engine_result(self, owned_by_values: Iterable[Any]) -> ProbeResult | None:
+        """The probe result for a server whose listing names another engine, else ``None``.
+
+        Spec: a server naming another engine is ``running=True, healthy=False`` with
+        ``the server at <url> is <other>, not <product> (point <ENV_VAR> at <product>)``;
+        when both engines' :attr:`default_url` use the same port, the parenthesis first
+        says ``<product> and <other> both default to port <port>;``. One naming no engine
+        is left alone (``None``). See :meth:`other_engine_named`.
+        """
+        other = self._other_engine_class(owned_by_values)
+        if other is None:
+            return None
+        port = _default_port(type(self))
+        shared = (f"{self.product} and {other.product} both default to port {port}; "
+                  if port is not None and port == _default_port(other) else "")
+        return ProbeResult(running=True, healthy=False,
+                           error=f"the server at {self.base_url} is {other.product}, not {self.product} "
+                                 f"({shared}point {self.env_var} at {self.product})")
+
+    def _other_engine_class(self, owned_by_values: Iterable[Any]) -> type[Engine] | None:
+        owners = {_owner(v) for v in owned_by_values if isinstance(v, str)} - {""}
+        if owners & self.owned_by_names:
+            return None
+        for owner in sorted(owners):
+            for cls in Engine._defined.values():
+                if cls is not type(self) and owner in cls.owned_by_names:
+                    return cls
+        return None
 
     def upstream_path(self, dialect: str, route: str) -> str:
         """The engine's path for an app-facing ``route`` in ``dialect``.
@@ -229,23 +503,74 @@ class Engine(ABC):
     def request_error(self, status: int, body: Mapping[str, Any]) -> str | None:
         """Classify an error body as a verdict on the request.
 
-        ``body`` is the parsed JSON of a 500 (only 500s are read, at most 64 KB).
-        Returns one of :data:`REQUEST_ERROR_SIGNATURES`, or ``None`` when the body is
-        not a verdict on the request (the request then fails over as usual).
+        ``body`` is the parsed JSON of a 500 (only 500s are read, at most 64 KB), and may
+        be any JSON value. Returns one of :data:`REQUEST_ERROR_SIGNATURES`, or ``None``
+        when the body is not a verdict on the request (the request then fails over as
+        usual). The default returns the signature of the first :attr:`request_errors` row
+        whose regex matches :func:`error_message` of the body (``None`` without a
+        message); override only for a verdict a message regex cannot express.
         """
+        message = error_message(body)
+        if not message:
+            return None
+        for signature, pattern in self._request_error_patterns:
+            if pattern.search(message):
+                return signature
         return None
 
 
-def error_message(body: Mapping[str, Any]) -> str | None:
+def error_message(body: Any) -> str | None:
     """The message of an error body in any of the shapes engines use:
-    ``{"error": "..."}``, ``{"error": {"message": "..."}}``, ``{"message": "..."}``."""
-    err = body.get("error") if isinstance(body, Mapping) else None
+    ``{"error": "..."}``, ``{"error": {"message": "..."}}``, ``{"message": "..."}``, and
+    FastAPI's ``{"detail": "..."}`` (a ``detail`` list of validation errors is no message).
+    ``None`` for anything else, including a body that is not a JSON object."""
+    if not isinstance(body, Mapping):
+        return None
+    err = body.get("error")
     if isinstance(err, str):
         return err
     if isinstance(err, Mapping) and isinstance(err.get("message"), str):
         return err["message"]
-    msg = body.get("message") if isinstance(body, Mapping) else None
-    return msg if isinstance(msg, str) else None
+    for key in ("message", "detail"):
+        if isinstance(body.get(key), str):
+            return body[key]
+    return None
+
+
+def _positive_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _owner(value: str) -> str:
+    return value.strip().lower()
+
+
+def _default_port(cls: type[Engine]) -> int | None:
+    try:
+        return httpx.URL(cls.default_url).port
+    except (AttributeError, httpx.InvalidURL, TypeError):
+        return None
+
+
+def _compile_request_errors(owner: str, table: Any) -> tuple[tuple[str, re.Pattern[str]], ...]:
+    """``request_errors`` checked and compiled; a mistake raises naming the class."""
+    compiled = []
+    for row in table:
+        if not (isinstance(row, tuple) and len(row) == 2 and all(isinstance(x, str) for x in row)):
+            raise TypeError(f"{owner}.request_errors rows are (signature, regex) string pairs, got {row!r}")
+        signature, pattern = row
+        if signature not in REQUEST_ERROR_SIGNATURES:
+            raise ValueError(f"{owner}.request_errors: unknown signature {signature!r} "
+                             f"(one of {', '.join(REQUEST_ERROR_SIGNATURES)})")
+        try:
+            compiled.append((signature, re.compile(pattern, re.IGNORECASE)))
+        except re.error as exc:
+            raise ValueError(f"{owner}.request_errors: bad regex for {signature!r}: {exc}") from exc
+    return tuple(compiled)
 
 
 def _int_or_none(value: Any) -> int | None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -11,6 +13,7 @@ import aiohttp
 from hubpool_core.config import EnvSettings, SettingsStore, env_int
 from hubpool_core.credentials import KeyStore
 from hubpool_core.directions import Directions, resolve_directions
+from hubpool_core.health import HealthPoller
 from hubpool_core.identity import IdentityStore, node_secret_path
 from hubpool_core.local_engines import LocalEngines, build_engines
 from hubpool_core.pairing import Pairing
@@ -69,6 +72,24 @@ class Node:
         self.allow_loopback_peers = env.environ().get(ALLOW_LOOPBACK_PEERS_VAR, "").lower() == "true"
         self.peer_client = PeerClient(self)
         self.pairing = Pairing(self)
+        self.health = HealthPoller(self)
+
+    def housekeeping(self) -> None:
+        """What rides every health tick besides the probes (sync: it only touches the store)."""
+        now_ms = int(time.time() * 1000)
+        for name in self.peers.expire_pending():
+            log.info("pairing request with %s expired after 24 hours", name)
+        self.pairing_pin.sweep(now_ms)
+        self.nonces.sweep(now_ms)
+        for row in self.peers.all():
+            seen = self.identity.take_observed_peer_fqdn(row.id)
+            if seen and seen != row.node_fqdn:
+                if self.peers.by_fqdn(seen) is not None:
+                    log.warning("%s now signs as %s, but a row for that name exists; not renaming",
+                                row.node_fqdn, seen)
+                    continue
+                self.peers.update(row.id, node_fqdn=seen)
+                log.info("peer %s was renamed to %s (identity beats address)", row.node_fqdn, seen)
 
     def directions(self) -> Directions:
         return resolve_directions(self.env, self.settings.current)
@@ -107,6 +128,7 @@ class Node:
         return self._session
 
     async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
         active = [r.name for r in self.plugins.records if r.active]
         inactive = [f"{r.name} ({r.reason})" for r in self.plugins.records if not r.active]
         log.info("plugins active: %s", ", ".join(active) or "none")
@@ -114,8 +136,10 @@ class Node:
             log.warning("plugins inactive: %s", "; ".join(inactive))
         for engine in self.local.engines:
             log.info("engine %s at %s (%s)", engine.kind, engine.base_url, engine.config.source)
+        self.health.start()
 
     async def stop(self) -> None:
+        await self.health.stop()
         await self.peer_client.close()
         if self._session is not None:
             await self._session.close()

@@ -245,14 +245,16 @@ class Pairing:
             ips = await resolve_checked(target, allow_loopback=self.node.allow_loopback_peers)
         except (ValueError, AddressRefused) as exc:
             raise PairingError(400, str(exc)) from None
+        del ips  # resolved and checked once to refuse early; the call below re-resolves
         token = new_token()
         last: PairingError | None = None
+        try:
+            # checked again right before the call that carries a credential outbound, and the
+            # addresses that check returned are the ones dialled (a DNS answer cannot change between)
+            ips = await resolve_checked(target, allow_loopback=self.node.allow_loopback_peers)
+        except AddressRefused as exc:
+            raise PairingError(400, str(exc)) from None
         for url in candidate_urls(target, ips[0]):
-            # checked again right before the call that carries a credential outbound
-            try:
-                await resolve_checked(target, allow_loopback=self.node.allow_loopback_peers)
-            except AddressRefused as exc:
-                raise PairingError(400, str(exc)) from None
             try:
                 answer = await self._send_request(url, token, pin)
             except PairingError as exc:

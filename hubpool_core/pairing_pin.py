@@ -174,9 +174,10 @@ class SourceCooldown:
     :data:`COOLDOWN_STRIKES` (2) strikes within :data:`COOLDOWN_STRIKE_WINDOW_MS` withhold a key
     for :data:`COOLDOWN_BASE_MS` (60 s); once a key has been withheld, a single strike after the
     withholding ends withholds it again for twice as long, up to :data:`COOLDOWN_MAX_MS`
-    (15 min). Strikes while withheld never extend the sentence. A key that has been neither
-    withheld nor struck for the strike window is forgotten, backoff included; :meth:`clear` (on a
-    correct PIN) forgets it at once. Keys are opaque — use :func:`source_keys`. Thread-safe.
+    (15 min). Strikes while withheld never extend the sentence. A key with no strike and no
+    withholding for the strike window (counted from the later of its last strike and the end of
+    its last withholding) is forgotten, backoff included; :meth:`clear` (on a correct PIN)
+    forgets it at once. Keys are opaque — use :func:`source_keys`. Thread-safe.
 
     The pinned behaviour: a source's third wrong guess meets a block (two strikes, then
     :meth:`blocked` is True), and ``now + 60_001`` clears it.
@@ -220,12 +221,22 @@ class SourceCooldown:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def __bool__(self) -> bool:
+        # Always truthy, so `cooldown or SourceCooldown()` can never swap in an empty limiter.
+        return True
+
     def _prune(self, now_ms: int) -> None:
-        # Keys are caller-chosen (a claimed FQDN is free to vary), so idle entries must go.
+        # Keys are caller-chosen (a claimed FQDN is free to vary), so idle entries must go. The
+        # idle window runs from the END of the last withholding, not from the last strike: a
+        # cooling source is refused before it can strike, so counting from the strike (as the
+        # reference's ServingQuarantine does) forgets every withholding longer than the window
+        # the moment it ends — the backoff would reset after 8 min and never reach the 15-min
+        # ceiling §2f and the spec describe.
         stale = [
             key
             for key, entry in self._entries.items()
-            if entry.withheld_until_ms <= now_ms and now_ms - entry.last_strike_ms > COOLDOWN_STRIKE_WINDOW_MS
+            if entry.withheld_until_ms <= now_ms
+            and now_ms - max(entry.last_strike_ms, entry.withheld_until_ms) > COOLDOWN_STRIKE_WINDOW_MS
         ]
         for key in stale:
             del self._entries[key]

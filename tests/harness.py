@@ -75,6 +75,12 @@ class RunningNode:
             time.sleep(0.01)
         return self
 
+    def run(self, coro: Any, timeout: float = 30) -> Any:
+        """Run a coroutine on the node's own event loop (its clients live there)."""
+        import asyncio
+
+        return asyncio.run_coroutine_threadsafe(coro, self.node.loop).result(timeout)
+
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=15)

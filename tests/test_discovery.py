@@ -32,6 +32,9 @@ from hubpool_tailscale_daemon import TailscaleDaemonDirectory
 STATUS_JSON = Path(__file__).parent / "data" / "tailscale_status.json"
 SUFFIX = "example-tailnet.ts.net"
 
+#: the directories whose is_tailnet is true, as the node computes them
+TAILNET = frozenset({"tailscale_daemon", "tailscale_admin"})
+
 
 def _run(coro):
     return asyncio.run(coro)
@@ -50,6 +53,7 @@ class FakeDirectory(Directory):
     def __init__(self, name: str, answer=(), *, configured: bool = True, raises: Exception | None = None):
         super().__init__(SimpleNamespace())
         self.name = name  # instance attribute: one class stands in for every directory
+        self.is_tailnet = name in TAILNET
         self._answer = list(answer)
         self._configured = configured
         self._raises = raises
@@ -126,7 +130,7 @@ def test_a_tailnet_entry_wins_over_portal_whichever_came_first():
                     os="linux", online=True)]
     daemon = [_cand("hub-b.example.ts.net", "tailscale_daemon", hostname="hub-b")]
     for lists in ([portal, daemon], [daemon, portal]):
-        [peer] = merge_candidates(lists)
+        [peer] = merge_candidates(lists, TAILNET)
         assert peer.source is None
         assert peer.hostname == "hub-b"
         # the winner lacked all three, so all three are back-filled from the portal row
@@ -140,7 +144,7 @@ def test_back_fill_never_replaces_what_the_winner_has():
                     os="linux", online=False)]
     portal = [_cand("hub-b.example.ts.net", "portal", hostname="other", device_id="portal-dev-1",
                     os="windows", online=True)]
-    [peer] = merge_candidates([portal, daemon])
+    [peer] = merge_candidates([portal, daemon], TAILNET)
     assert peer == DiscoverablePeer(tailscaleDeviceId="nB2", nodeFqdn="hub-b.example.ts.net",
                                     hostname="hub-b", source=None, os="linux", online=False)
 
@@ -149,7 +153,7 @@ def test_among_tailnet_entries_the_first_wins_and_is_back_filled():
     daemon = [_cand("hub-b.example.ts.net", "tailscale_daemon", hostname="hub-b", device_id="", online=True)]
     admin = [_cand("hub-b.example.ts.net", "tailscale_admin", hostname="hub-b-admin", device_id="nB2", os="linux",
                    online=False)]
-    [peer] = merge_candidates([daemon, admin])
+    [peer] = merge_candidates([daemon, admin], TAILNET)
     assert (peer.hostname, peer.tailscaleDeviceId, peer.os, peer.online) == ("hub-b", "nB2", "linux", True)
 
 
@@ -158,7 +162,7 @@ def test_names_fold_on_the_normalised_fqdn():
         [_cand("HUB-B.example.ts.net.", "tailscale_daemon", hostname="hub-b")],
         [_cand("  hub-b.example.ts.net", "tailscale_admin", device_id="nB2")],
         [_cand("hub-b.EXAMPLE.ts.net", "portal", device_id="p1")],
-    ])
+    ], TAILNET)
     assert peer.nodeFqdn == "hub-b.example.ts.net"
     assert peer.tailscaleDeviceId == "nB2"
     assert peer.source is None
@@ -170,7 +174,7 @@ def test_names_fold_on_the_normalised_fqdn():
     "hub-b", "", "   ", "hub_b.example.ts.net", "a" * 64 + ".ts.net",
 ])
 def test_names_that_do_not_normalise_are_dropped(name):
-    assert merge_candidates([[_cand(name, "portal"), _cand(name, "tailscale_admin")]]) == []
+    assert merge_candidates([[_cand(name, "portal"), _cand(name, "tailscale_admin")]], TAILNET) == []
 
 
 def test_merge_is_sorted_and_folds_on_names_only():
@@ -179,12 +183,12 @@ def test_merge_is_sorted_and_folds_on_names_only():
     merged = merge_candidates([
         [_cand("zeta.example.ts.net", device_id="same"), _cand("alpha.example.ts.net", device_id="same")],
         [_cand("mid.example.ts.net", "portal", device_id="same")],
-    ])
+    ], TAILNET)
     assert [p.nodeFqdn for p in merged] == ["alpha.example.ts.net", "mid.example.ts.net", "zeta.example.ts.net"]
 
 
 def test_hostname_falls_back_to_the_first_label():
-    [peer] = merge_candidates([[_cand("hub-b.example.ts.net", hostname="  ")]])
+    [peer] = merge_candidates([[_cand("hub-b.example.ts.net", hostname="  ")]], TAILNET)
     assert peer.hostname == "hub-b"
 
 

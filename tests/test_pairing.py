@@ -207,3 +207,57 @@ def test_the_cli_flow_an_operator_follows(pool2):
     assert rows(b) == {}
     bad = _cli(a, "approve", "nope", "--yes")
     assert bad.returncode == 1 and "No pool peer" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def _raw_request(node, name, pin=None):
+    import httpx
+
+    body = {"fromNodeFqdn": name, "token": "b" * 64}
+    if pin:
+        body["pin"] = pin
+    return httpx.post(node.url + P + "/pair/request", json=body)
+
+
+def test_the_receiver_discloses_its_name_only_for_a_valid_pin(pool2):
+    b = pool2["hub-b"]
+    plain = _raw_request(b, "stranger.example-tailnet.ts.net")
+    assert plain.status_code == 200 and plain.json() == {"received": True}
+    pin = op(b, "POST", "/pairing-pin")["pin"]
+    named = _raw_request(b, "friend.example-tailnet.ts.net", pin).json()
+    assert named["nodeFqdn"] == fqdn("hub-b") and named["nodeUuid"] and named["publicKey"]
+
+
+def test_the_receiver_refuses_its_own_name_and_ignores_a_known_one(pool2):
+    b = pool2["hub-b"]
+    r = _raw_request(b, fqdn("hub-b"))
+    assert r.status_code == 400 and r.json()["error"] == "That address is this Hub — a Hub cannot pair with itself"
+    assert _raw_request(b, "dup.example-tailnet.ts.net").json() == {"received": True}
+    assert _raw_request(b, "dup.example-tailnet.ts.net").json() == {}  # silently ignored
+    assert [r["nodeFqdn"] for r in op(b, "GET", "/peers")] == ["dup.example-tailnet.ts.net"]
+
+
+def test_half_paired_when_the_callback_fails(pool2, caplog):
+    a, b = pool2["hub-a"], pool2["hub-b"]
+    op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn("hub-b")})
+    a.stop()  # the requester goes away before the approval
+    with caplog.at_level("WARNING", logger="hubpool.pairing"):
+        approved = op(b, "POST", f"/peers/{fqdn('hub-a')}/approve")
+    assert approved["status"] == "connected"  # the approval stands
+    assert f"pairing confirmed locally but callback to {fqdn('hub-a')} failed" in caplog.text
+
+
+def test_pending_requests_expire_after_24_hours_on_both_sides(pool2):
+    from datetime import timedelta
+
+    from hubpool_core.peers import utcnow
+
+    a, b = pool2["hub-a"], pool2["hub-b"]
+    op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn("hub-b")})
+    for node, other in ((a, "hub-b"), (b, "hub-a")):
+        row = node.node.peers.by_fqdn(fqdn(other))
+        node.node.peers.update(row.id, created_at=utcnow() - timedelta(hours=23))
+        node.node.housekeeping()
+        assert rows(node), "a 23-hour-old request is kept"
+        node.node.peers.update(row.id, created_at=utcnow() - timedelta(hours=24, seconds=1))
+        node.node.housekeeping()
+        assert rows(node) == {}

@@ -108,7 +108,7 @@ async def status(request: Request) -> Response:
                 "identityError": node.identity.error,
             },
         },
-        "peers": [public_peer(r) | {"inFlightRequests": 0, "probeFailure": None} for r in rows],
+        "peers": [public_peer(r) | {"inFlightRequests": 0, "probeFailure": _failure(node, r)} for r in rows],
         "peerCounts": {
             "total": len(rows),
             "connected": len(connected),
@@ -121,6 +121,11 @@ async def status(request: Request) -> Response:
         "routing": node.routing_log.summary(),
     }
     return JSONResponse(payload)
+
+
+def _failure(node: Any, row: Any) -> dict[str, Any] | None:
+    failure = node.health.failures.get(row.id)
+    return failure.as_json() if failure else None
 
 
 async def plugins(request: Request) -> Response:

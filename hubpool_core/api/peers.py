@@ -16,6 +16,7 @@ from hubpool_core.addresses import AddressRefused, candidate_urls, parse_address
 from hubpool_core.api.operator import _operator
 from hubpool_core.discovery import MIN_PAIR_BY_ADDRESS_PROTOCOL, discover, probe_identify
 from hubpool_core.pairing import PairingError
+from hubpool_core.peer_client import PeerAuthError
 from hubpool_core.peer_guard import PeerRefused, admit
 from hubpool_core.peers import public_peer
 from hubpool_core.store import PoolPeer
@@ -61,7 +62,9 @@ def caller_source_ip(request: Request, trust_proxy: bool) -> str | None:
 async def _guarded(request: Request) -> tuple[PoolPeer, Any]:
     body = await _body(request)
     node = request.app.state.node
-    row = admit(node, request.method, request.url.path, dict(request.headers.items()), body)
+    # the reference verifies the still-encoded path (Express originalUrl), not the decoded one
+    raw_path = request.scope.get("raw_path") or request.url.path.encode()
+    row = admit(node, request.method, raw_path.decode("latin-1"), dict(request.headers.items()), body)
     return row, body
 
 
@@ -258,6 +261,19 @@ async def disable_peer(request: Request) -> Response:
 
 
 @_op
+async def upgrade_now(request: Request) -> Response:
+    node = request.app.state.node
+    try:
+        row = node.peers.resolve(_ident(request))
+    except LookupError:
+        raise PairingError(404, "No pool peer with that id") from None
+    try:
+        return JSONResponse(public_peer(await node.health.upgrade(row)))
+    except PeerAuthError as exc:
+        raise PairingError(exc.status, str(exc)) from None
+
+
+@_op
 async def mint_pin(request: Request) -> Response:
     node = request.app.state.node
     message = node.directions().describe_master()
@@ -304,6 +320,7 @@ def build_router() -> APIRouter:
     r.add_api_route(P + "/peers/{peer_id}/approve", approve, methods=["POST"])
     r.add_api_route(P + "/peers/{peer_id}/reject", reject, methods=["POST"])
     r.add_api_route(P + "/peers/{peer_id}/enable", enable_peer, methods=["POST"])
+    r.add_api_route(P + "/peers/{peer_id}/upgrade", upgrade_now, methods=["POST"])
     r.add_api_route(P + "/peers/{peer_id}/disable", disable_peer, methods=["POST"])
     r.add_api_route(P + "/peers/{peer_id}", unpair, methods=["DELETE"])
     r.add_api_route(P + "/pairing-pin", mint_pin, methods=["POST"])

@@ -1,4 +1,3 @@
-import asyncio
 import json
 from pathlib import Path
 
@@ -6,6 +5,7 @@ import httpx
 import pytest
 
 from hubpool_core import OPENAI, REQUEST_ERROR_SIGNATURES, EngineConfig, ResidentModel, Timings
+from hubpool_core.testing import mock_http, raising, run
 from hubpool_lemonade.engine import LemonadeEngine
 
 DATA = Path(__file__).parent / "data"
@@ -20,31 +20,8 @@ def engine(api_key=None):
     return LemonadeEngine(EngineConfig(base_url=URL, api_key=api_key))
 
 
-def run(coro_fn, handler):
-    async def go():
-        async with httpx.AsyncClient(transport=httpx.MockTransport(handler), timeout=2) as http:
-            return await coro_fn(http)
-
-    return asyncio.run(go())
-
-
 def serving(routes, seen=None):
-    def handler(request):
-        if seen is not None:
-            seen.append(request)
-        status, body = routes.get(request.url.path, (404, {"error": {"message": "Not Found"}}))
-        if isinstance(body, str):
-            return httpx.Response(status, text=body)
-        return httpx.Response(status, json=body)
-
-    return handler
-
-
-def raising(exc_type):
-    def handler(request):
-        raise exc_type("boom", request=request)
-
-    return handler
+    return mock_http(routes, missing=(404, {"error": {"message": "Not Found"}}), seen=seen)
 
 
 ROUTES = {"/api/v1/health": (200, load("health.json")), "/api/v1/models": (200, load("models.json"))}
@@ -67,7 +44,7 @@ def test_openai_routes_live_under_api_v1():
 
 def test_probe_healthy_states_the_loaded_window():
     seen = []
-    result = run(engine(api_key="lemon").probe, serving(ROUTES, seen))
+    result = run(engine(api_key="lemon").probe(serving(ROUTES, seen)))
     assert result.running and result.healthy and result.error is None and result.slots is None
     assert [(m.id, m.context_window, m.owned_by) for m in result.models] == [
         ("Qwen3.6-27B-GGUF", 65536, "lemonade"),
@@ -78,7 +55,7 @@ def test_probe_healthy_states_the_loaded_window():
 
 
 def test_probe_engine_down():
-    result = run(engine().probe, raising(httpx.ConnectError))
+    result = run(engine().probe(mock_http(raising(httpx.ConnectError))))
     assert not result.running and not result.healthy
     assert result.error == f"connection refused at {URL} (is Lemonade running? set LEMONADE_URL)"
 
@@ -90,24 +67,24 @@ def test_probe_engine_down():
     {**ROUTES, "/api/v1/models": (401, {"error": {"message": "Invalid API key"}})},
 ])
 def test_probe_nonsense_is_unhealthy(routes):
-    result = run(engine().probe, serving(routes))
+    result = run(engine().probe(serving(routes)))
     assert result.running and not result.healthy and result.error
 
 
 def test_residency_from_health():
-    assert run(engine().residency, serving(ROUTES)) == [
+    assert run(engine().residency(serving(ROUTES))) == [
         ResidentModel(id="Qwen3.6-27B-GGUF", context_window=65536),
         ResidentModel(id="nomic-embed-text-v2-moe-GGUF"),
     ]
-    assert run(engine().residency, serving({"/api/v1/health": (200, load("health_idle.json"))})) == []
+    assert run(engine().residency(serving({"/api/v1/health": (200, load("health_idle.json"))}))) == []
 
 
 def test_residency_of_an_older_build_and_unreadable():
     older = {"status": "ok", "model_loaded": "Qwen3-0.6B-GGUF"}
-    assert run(engine().residency, serving({"/api/v1/health": (200, older)})) == [
+    assert run(engine().residency(serving({"/api/v1/health": (200, older)}))) == [
         ResidentModel(id="Qwen3-0.6B-GGUF")]
-    assert run(engine().residency, raising(httpx.ConnectError)) is None
-    assert run(engine().residency, serving({"/api/v1/health": (200, {"status": "ok"})})) is None
+    assert run(engine().residency(mock_http(raising(httpx.ConnectError)))) is None
+    assert run(engine().residency(serving({"/api/v1/health": (200, {"status": "ok"})}))) is None
 
 
 def test_final_frame_and_timings_of_a_real_stream():

@@ -1,4 +1,3 @@
-import asyncio
 import json
 from pathlib import Path
 
@@ -6,6 +5,7 @@ import httpx
 import pytest
 
 from hubpool_core import OPENAI, REQUEST_ERROR_SIGNATURES, EngineConfig, ResidentModel, Timings
+from hubpool_core.testing import load_installed_engines, mock_http, raising, run
 from hubpool_llamacpp.engine import LlamacppEngine
 
 DATA = Path(__file__).parent / "data"
@@ -20,32 +20,11 @@ def engine(api_key=None):
     return LlamacppEngine(EngineConfig(base_url=URL, api_key=api_key))
 
 
-def run(coro_fn, handler):
-    async def go():
-        async with httpx.AsyncClient(transport=httpx.MockTransport(handler), timeout=2) as http:
-            return await coro_fn(http)
-
-    return asyncio.run(go())
+NOT_FOUND = (404, {"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}})
 
 
 def serving(routes, seen=None):
-    def handler(request):
-        if seen is not None:
-            seen.append(request)
-        status, body = routes.get(request.url.path,
-                                  (404, {"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}}))
-        if isinstance(body, str):
-            return httpx.Response(status, text=body)
-        return httpx.Response(status, json=body)
-
-    return handler
-
-
-def raising(exc_type):
-    def handler(request):
-        raise exc_type("boom", request=request)
-
-    return handler
+    return mock_http(routes, missing=NOT_FOUND, seen=seen)
 
 
 def healthy_routes(**override):
@@ -68,7 +47,7 @@ def test_class_attributes():
 
 def test_probe_healthy_reads_window_and_slots():
     seen = []
-    result = run(engine(api_key="llama-key").probe, serving(healthy_routes(), seen))
+    result = run(engine(api_key="llama-key").probe(serving(healthy_routes(), seen)))
     assert result.running and result.healthy and result.error is None
     [model] = result.models
     assert model.id == "Qwen3-8B-Q4_K_M.gguf"
@@ -81,33 +60,34 @@ def test_probe_healthy_reads_window_and_slots():
 
 def test_probe_without_props_falls_back_to_the_trained_window():
     for props in [(404, {"error": {"code": 404, "message": "File Not Found"}}), (200, "x"), (200, {"total_slots": "2"})]:
-        result = run(engine().probe, serving(healthy_routes(props=props)))
+        result = run(engine().probe(serving(healthy_routes(props=props))))
         assert result.healthy and result.models[0].context_window == 40960 and result.slots is None
 
 
 def test_probe_while_loading():
-    result = run(engine().probe, serving({"/health": (503, load("health_loading.json"))}))
+    result = run(engine().probe(serving({"/health": (503, load("health_loading.json"))})))
     assert result.running and not result.healthy and result.models == ()
     assert "loading model" in result.error
-    old_build = run(engine().probe, serving({"/health": (503, {"status": "loading model"})}))
+    old_build = run(engine().probe(serving({"/health": (503, {"status": "loading model"})})))
     assert "loading model" in old_build.error
 
 
 def test_probe_other_503():
-    result = run(engine().probe, serving({"/health": (503, {"error": {"message": "no slot available"}})}))
+    result = run(engine().probe(serving({"/health": (503, {"error": {"message": "no slot available"}})})))
     assert result.running and not result.healthy and "no slot available" in result.error
 
 
 def test_probe_engine_down():
-    result = run(engine().probe, raising(httpx.ConnectError))
+    result = run(engine().probe(mock_http(raising(httpx.ConnectError))))
     assert not result.running and not result.healthy
     assert result.error == f"connection refused at {URL} (is llama-server running? set LLAMACPP_URL)"
 
 
 def test_probe_of_a_server_that_names_another_engine():
+    load_installed_engines()  # the other engines, as a node imports them
     body = {"object": "list", "data": [{"id": "Qwen/Qwen3-8B", "object": "model", "owned_by": "vllm",
                                         "max_model_len": 32768}]}
-    result = run(engine().probe, serving(healthy_routes(**{"v1/models": (200, body)})))
+    result = run(engine().probe(serving(healthy_routes(**{"v1/models": (200, body)}))))
     assert result.running and not result.healthy and "is vLLM, not llama-server" in result.error
 
 
@@ -115,15 +95,15 @@ def test_probe_of_a_server_that_names_another_engine():
                                       {"v1/models": (200, "<html>")}, {"v1/models": (200, {"data": 3})},
                                       {"health": (500, "")}])
 def test_probe_nonsense_is_unhealthy(override):
-    result = run(engine().probe, serving(healthy_routes(**override)))
+    result = run(engine().probe(serving(healthy_routes(**override))))
     assert result.running and not result.healthy and result.error
 
 
 def test_residency_is_the_model_it_was_started_with():
-    assert run(engine().residency, serving(healthy_routes())) == [
+    assert run(engine().residency(serving(healthy_routes()))) == [
         ResidentModel(id="Qwen3-8B-Q4_K_M.gguf", context_window=16384)]
-    assert run(engine().residency, raising(httpx.ConnectError)) is None
-    assert run(engine().residency, serving({"/health": (503, load("health_loading.json"))})) is None
+    assert run(engine().residency(mock_http(raising(httpx.ConnectError)))) is None
+    assert run(engine().residency(serving({"/health": (503, load("health_loading.json"))}))) is None
 
 
 def test_timings_count_the_cache():

@@ -1,4 +1,3 @@
-import asyncio
 import json
 from pathlib import Path
 
@@ -6,6 +5,7 @@ import httpx
 import pytest
 
 from hubpool_core import NATIVE, OPENAI, REQUEST_ERROR_SIGNATURES, EngineConfig, ResidentModel, Timings
+from hubpool_core.testing import mock_http, raising, run
 from hubpool_ollama.engine import OllamaEngine
 
 DATA = Path(__file__).parent / "data"
@@ -20,31 +20,8 @@ def engine(api_key=None):
     return OllamaEngine(EngineConfig(base_url=URL, api_key=api_key))
 
 
-def run(coro_fn, handler):
-    async def go():
-        async with httpx.AsyncClient(transport=httpx.MockTransport(handler), timeout=2) as http:
-            return await coro_fn(http)
-
-    return asyncio.run(go())
-
-
 def serving(routes, seen=None):
-    def handler(request):
-        if seen is not None:
-            seen.append(request)
-        status, body = routes.get(request.url.path, (404, "404 page not found"))
-        if isinstance(body, str):
-            return httpx.Response(status, text=body)
-        return httpx.Response(status, json=body)
-
-    return handler
-
-
-def raising(exc_type):
-    def handler(request):
-        raise exc_type("boom", request=request)
-
-    return handler
+    return mock_http(routes, missing=(404, "404 page not found"), seen=seen)
 
 
 def test_class_attributes():
@@ -60,7 +37,7 @@ def test_class_attributes():
 
 def test_probe_healthy_passes_metadata_through():
     seen = []
-    result = run(engine().probe, serving({"/api/tags": (200, load("tags.json"))}, seen))
+    result = run(engine().probe(serving({"/api/tags": (200, load("tags.json"))}, seen)))
     assert result.running and result.healthy and result.error is None and result.slots is None
     first, second = result.models
     assert first.id == "qwen3.6:35b"
@@ -75,12 +52,12 @@ def test_probe_healthy_passes_metadata_through():
 
 def test_probe_with_nothing_pulled_is_healthy():
     for body in ({"models": []}, {"models": None}):
-        result = run(engine().probe, serving({"/api/tags": (200, body)}))
+        result = run(engine().probe(serving({"/api/tags": (200, body)})))
         assert result.healthy and result.models == ()
 
 
 def test_probe_engine_down():
-    result = run(engine().probe, raising(httpx.ConnectError))
+    result = run(engine().probe(mock_http(raising(httpx.ConnectError))))
     assert not result.running and not result.healthy and result.models == ()
     assert result.error == f"connection refused at {URL} (is Ollama running? set OLLAMA_URL)"
 
@@ -88,26 +65,26 @@ def test_probe_engine_down():
 @pytest.mark.parametrize("answer", [(404, "404 page not found"), (200, "Ollama is running"),
                                     (200, {"data": []}), (200, ["x"]), (500, {"error": "boom"})])
 def test_probe_of_something_else_is_unhealthy(answer):
-    result = run(engine().probe, serving({"/api/tags": answer}))
+    result = run(engine().probe(serving({"/api/tags": answer})))
     assert result.running and not result.healthy and result.error
 
 
 def test_probe_sends_a_configured_key():
     seen = []
-    run(engine(api_key="k").probe, serving({"/api/tags": (200, load("tags.json"))}, seen))
+    run(engine(api_key="k").probe(serving({"/api/tags": (200, load("tags.json"))}, seen)))
     assert seen[0].headers["authorization"] == "Bearer k"
 
 
 def test_residency_reads_api_ps():
-    assert run(engine().residency, serving({"/api/ps": (200, load("ps.json"))})) == [
+    assert run(engine().residency(serving({"/api/ps": (200, load("ps.json"))}))) == [
         ResidentModel(id="qwen3.6:35b", context_window=32768, size_vram=31771195392)]
 
 
 def test_residency_nothing_loaded_and_unreadable():
-    assert run(engine().residency, serving({"/api/ps": (200, {"models": []})})) == []
-    assert run(engine().residency, raising(httpx.ConnectError)) is None
-    assert run(engine().residency, serving({"/api/ps": (200, "garbage")})) is None
-    assert run(engine().residency, serving({"/api/ps": (500, {"error": "x"})})) is None
+    assert run(engine().residency(serving({"/api/ps": (200, {"models": []})}))) == []
+    assert run(engine().residency(mock_http(raising(httpx.ConnectError)))) is None
+    assert run(engine().residency(serving({"/api/ps": (200, "garbage")}))) is None
+    assert run(engine().residency(serving({"/api/ps": (500, {"error": "x"})}))) is None
 
 
 def test_timings_from_a_non_streamed_native_body():

@@ -1,4 +1,3 @@
-import asyncio
 import json
 from pathlib import Path
 
@@ -6,6 +5,7 @@ import httpx
 import pytest
 
 from hubpool_core import OPENAI, REQUEST_ERROR_SIGNATURES, EngineConfig, Timings
+from hubpool_core.testing import load_installed_engines, mock_http, raising, run
 from hubpool_omlx.engine import OmlxEngine
 
 DATA = Path(__file__).parent / "data"
@@ -20,31 +20,8 @@ def engine(api_key=None):
     return OmlxEngine(EngineConfig(base_url=URL, api_key=api_key))
 
 
-def run(coro_fn, handler):
-    async def go():
-        async with httpx.AsyncClient(transport=httpx.MockTransport(handler), timeout=2) as http:
-            return await coro_fn(http)
-
-    return asyncio.run(go())
-
-
 def serving(routes, seen=None):
-    def handler(request):
-        if seen is not None:
-            seen.append(request)
-        status, body = routes.get(request.url.path, (404, {"detail": "Not Found"}))
-        if isinstance(body, str):
-            return httpx.Response(status, text=body)
-        return httpx.Response(status, json=body)
-
-    return handler
-
-
-def raising(exc_type):
-    def handler(request):
-        raise exc_type("boom", request=request)
-
-    return handler
+    return mock_http(routes, missing=(404, {"detail": "Not Found"}), seen=seen)
 
 
 def test_class_attributes():
@@ -60,7 +37,7 @@ def test_class_attributes():
 
 def test_probe_healthy_reads_window_when_stated():
     seen = []
-    result = run(engine(api_key="omlx-key").probe, serving({"/v1/models": (200, load("models.json"))}, seen))
+    result = run(engine(api_key="omlx-key").probe(serving({"/v1/models": (200, load("models.json"))}, seen)))
     assert result.running and result.healthy and result.error is None
     assert [(m.id, m.context_window, m.owned_by) for m in result.models] == [
         ("Qwen3-30B-A3B-4bit", 40960, "omlx"), ("gemma-3-12b-it-qat-4bit", None, "omlx")]
@@ -68,32 +45,33 @@ def test_probe_healthy_reads_window_when_stated():
 
 
 def test_probe_engine_down():
-    result = run(engine().probe, raising(httpx.ConnectError))
+    result = run(engine().probe(mock_http(raising(httpx.ConnectError))))
     assert not result.running and not result.healthy
     assert result.error == f"connection refused at {URL} (is oMLX running? set OMLX_URL)"
 
 
 def test_probe_of_vllm_on_port_8000_names_it():
-    result = run(engine().probe, serving({"/v1/models": (200, load("models_vllm.json"))}))
+    load_installed_engines()  # the other engines, as a node imports them
+    result = run(engine().probe(serving({"/v1/models": (200, load("models_vllm.json"))})))
     assert result.running and not result.healthy and result.models == ()
     assert result.error.startswith(f"the server at {URL} is vLLM, not oMLX")
 
 
 def test_probe_of_server_that_names_no_engine_is_left_alone():
     body = {"object": "list", "data": [{"id": "m", "object": "model", "owned_by": "system"}]}
-    result = run(engine().probe, serving({"/v1/models": (200, body)}))
+    result = run(engine().probe(serving({"/v1/models": (200, body)})))
     assert result.healthy and [m.id for m in result.models] == ["m"]
 
 
 @pytest.mark.parametrize("answer", [(200, "not json"), (200, {"data": "x"}), (503, {"detail": "busy"})])
 def test_probe_nonsense_is_unhealthy(answer):
-    result = run(engine().probe, serving({"/v1/models": answer}))
+    result = run(engine().probe(serving({"/v1/models": answer})))
     assert result.running and not result.healthy and result.error
 
 
 def test_no_residency_api():
     assert OmlxEngine.has_residency is False
-    assert run(engine().residency, raising(httpx.ConnectError)) is None
+    assert run(engine().residency(mock_http(raising(httpx.ConnectError)))) is None
 
 
 def test_timings_and_final_frame_of_a_real_stream():

@@ -69,6 +69,7 @@ class TailscaleAdminDirectory(Directory):
     """
 
     name = "tailscale_admin"
+    is_tailnet = True
 
     def __init__(
         self,

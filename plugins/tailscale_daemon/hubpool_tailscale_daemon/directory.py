@@ -91,6 +91,7 @@ class TailscaleDaemonDirectory(Directory):
     """
 
     name = "tailscale_daemon"
+    is_tailnet = True
 
     def __init__(
         self,

@@ -1,4 +1,3 @@
-import asyncio
 import json
 from pathlib import Path
 
@@ -8,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hubpool_core import OPENAI, REQUEST_ERROR_SIGNATURES, EngineConfig, Timings
+from hubpool_core.testing import load_installed_engines, mock_http, raising, run
 from hubpool_vllm.engine import VllmEngine
 
 DATA = Path(__file__).parent / "data"
@@ -22,31 +22,8 @@ def engine(api_key=None, source="default"):
     return VllmEngine(EngineConfig(base_url=URL + "/", api_key=api_key, source=source))
 
 
-def run(coro_fn, handler):
-    async def go():
-        async with httpx.AsyncClient(transport=httpx.MockTransport(handler), timeout=2) as http:
-            return await coro_fn(http)
-
-    return asyncio.run(go())
-
-
 def serving(routes, seen=None):
-    def handler(request):
-        if seen is not None:
-            seen.append(request)
-        status, body = routes.get(request.url.path, (404, {"detail": "Not Found"}))
-        if isinstance(body, str):
-            return httpx.Response(status, text=body)
-        return httpx.Response(status, json=body)
-
-    return handler
-
-
-def raising(exc_type):
-    def handler(request):
-        raise exc_type("boom", request=request)
-
-    return handler
+    return mock_http(routes, missing=(404, {"detail": "Not Found"}), seen=seen)
 
 
 def test_class_attributes():
@@ -61,7 +38,7 @@ def test_class_attributes():
 
 
 def test_probe_healthy_reads_window():
-    result = run(engine().probe, serving({"/v1/models": (200, load("models.json"))}))
+    result = run(engine().probe(serving({"/v1/models": (200, load("models.json"))})))
     assert result.running and result.healthy and result.error is None
     [model] = result.models
     assert model.id == "Qwen/Qwen3-8B"
@@ -71,28 +48,29 @@ def test_probe_healthy_reads_window():
 
 
 def test_probe_engine_down():
-    result = run(engine().probe, raising(httpx.ConnectError))
+    result = run(engine().probe(mock_http(raising(httpx.ConnectError))))
     assert not result.running and not result.healthy and result.models == ()
     assert result.error == f"connection refused at {URL} (is vLLM running? set VLLM_URL)"
 
 
 def test_probe_engine_down_with_url_from_env():
-    result = run(engine(source="VLLM_URL").probe, raising(httpx.ConnectError))
+    result = run(engine(source="VLLM_URL").probe(mock_http(raising(httpx.ConnectError))))
     assert "VLLM_URL points here" in result.error
 
 
 def test_probe_connect_timeout_is_not_running():
-    result = run(engine().probe, raising(httpx.ConnectTimeout))
+    result = run(engine().probe(mock_http(raising(httpx.ConnectTimeout))))
     assert not result.running and not result.healthy
 
 
 def test_probe_read_timeout_is_running_but_unhealthy():
-    result = run(engine().probe, raising(httpx.ReadTimeout))
+    result = run(engine().probe(mock_http(raising(httpx.ReadTimeout))))
     assert result.running and not result.healthy and "in time" in result.error
 
 
 def test_probe_of_omlx_on_port_8000_names_it():
-    result = run(engine().probe, serving({"/v1/models": (200, load("models_omlx.json"))}))
+    load_installed_engines()  # the other engines, as a node imports them
+    result = run(engine().probe(serving({"/v1/models": (200, load("models_omlx.json"))})))
     assert result.running and not result.healthy and result.models == ()
     assert result.error.startswith(f"the server at {URL} is oMLX, not vLLM")
 
@@ -100,46 +78,47 @@ def test_probe_of_omlx_on_port_8000_names_it():
 @pytest.mark.parametrize("owner,label", [("llamacpp", "llama-server"), ("lemonade", "Lemonade"),
                                          ("library", "Ollama")])
 def test_probe_of_other_named_engines(owner, label):
+    load_installed_engines()  # the other engines, as a node imports them
     body = {"object": "list", "data": [{"id": "m", "object": "model", "owned_by": owner}]}
-    result = run(engine().probe, serving({"/v1/models": (200, body)}))
+    result = run(engine().probe(serving({"/v1/models": (200, body)})))
     assert not result.healthy and f"is {label}, not vLLM" in result.error
 
 
 def test_probe_of_server_that_names_no_engine_is_left_alone():
-    result = run(engine().probe, serving({"/v1/models": (200, load("models_unnamed.json"))}))
+    result = run(engine().probe(serving({"/v1/models": (200, load("models_unnamed.json"))})))
     assert result.healthy and [m.id for m in result.models] == ["Qwen/Qwen3-8B"]
     assert result.models[0].context_window is None
 
 
 def test_probe_sends_the_key():
     seen = []
-    run(engine(api_key="sk-test").probe, serving({"/v1/models": (200, load("models.json"))}, seen))
+    run(engine(api_key="sk-test").probe(serving({"/v1/models": (200, load("models.json"))}, seen)))
     assert seen[0].headers["authorization"] == "Bearer sk-test"
 
 
 def test_probe_key_refused():
     body = {"error": "Unauthorized"}
-    result = run(engine(api_key="sk-wrong").probe, serving({"/v1/models": (401, body)}))
+    result = run(engine(api_key="sk-wrong").probe(serving({"/v1/models": (401, body)})))
     assert result.running and not result.healthy and "refused this node's API key" in result.error
-    result = run(engine().probe, serving({"/v1/models": (401, body)}))
+    result = run(engine().probe(serving({"/v1/models": (401, body)})))
     assert "holds none" in result.error
 
 
 @pytest.mark.parametrize("answer", [(200, "<html>nginx</html>"), (200, {"models": []}),
                                     (200, [1, 2]), (500, {"error": "x"}), (404, "")])
 def test_probe_nonsense_is_unhealthy_never_raises(answer):
-    result = run(engine().probe, serving({"/v1/models": answer}))
+    result = run(engine().probe(serving({"/v1/models": answer})))
     assert result.running and not result.healthy and result.error
 
 
 def test_probe_skips_malformed_entries():
     body = {"data": [{"id": "ok", "owned_by": "vllm", "max_model_len": True}, {"id": 3}, "x", None]}
-    result = run(engine().probe, serving({"/v1/models": (200, body)}))
+    result = run(engine().probe(serving({"/v1/models": (200, body)})))
     assert result.healthy and [(m.id, m.context_window) for m in result.models] == [("ok", None)]
 
 
 def test_no_residency_api():
-    assert run(engine().residency, raising(httpx.ConnectError)) is None
+    assert run(engine().residency(mock_http(raising(httpx.ConnectError)))) is None
 
 
 def test_timings_from_usage():

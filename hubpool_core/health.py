@@ -1,0 +1,212 @@
+"""Peer health: capability polls, strikes, probe-failure classification, and the
+housekeeping that rides the same tick (pending expiry, PIN and nonce sweeps, renames,
+the bearer→signed upgrade and its grace window).
+
+spec: "Recovery", "A peer whose identity changed", "Upgrading an existing bearer pairing";
+protocol.md §3 state machine and §8.9–8.10.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import httpx
+
+from hubpool_core.peer_client import PeerAuthError
+from hubpool_core.peers import aware, iso, utcnow
+from hubpool_core.signing import REFUSAL_HEADER, REFUSAL_IDENTITY_MISMATCH
+from hubpool_core.store import PoolPeer
+
+log = logging.getLogger("hubpool.health")
+
+CAPABILITIES_PROBE_TIMEOUT_S = 15.0
+UNREACHABLE_THRESHOLD = 3
+MAX_BACKOFF_S = 15 * 60
+P = "/api/inference/pool"
+
+ACTIONS = {
+    "unreachable": None,  # clears on its own
+    "unauthorized": "The peer refuses this node's credentials: run `hubpool status` on it. If this node is not "
+                    "listed there, re-pair (`hubpool unpair <peer>`, then pair again with a PIN); if it is, "
+                    "compare the two clocks (signed requests allow 5 minutes of skew).",
+    "identity_changed": "The peer no longer holds the identity this node pinned: run `hubpool unpair <peer>` here, "
+                        "`hubpool pairing-pin` there, `hubpool pair <peer> --pin <digits>` here, then approve "
+                        "there after comparing fingerprints.",
+}
+
+
+@dataclass
+class ProbeFailure:
+    kind: str  # unreachable | unauthorized | identity_changed
+    http_status: int | None
+    detail: str
+    since: float
+    last_attempt_at: float
+    attempts: int
+    next_probe_at: float | None
+
+    def as_json(self) -> dict[str, Any]:
+        def at(t: float | None) -> str | None:
+            return iso(datetime.fromtimestamp(t, timezone.utc)) if t else None
+
+        return {"kind": self.kind, "httpStatus": self.http_status, "detail": self.detail, "since": at(self.since),
+                "lastAttemptAt": at(self.last_attempt_at), "attempts": self.attempts,
+                "nextProbeAt": at(self.next_probe_at), "action": ACTIONS[self.kind]}
+
+
+def classify(status: int | None, refusal: str | None) -> str:
+    if status == 401:
+        return "identity_changed" if refusal == REFUSAL_IDENTITY_MISMATCH else "unauthorized"
+    return "unreachable"  # no answer, a 5xx, or a 403
+
+
+def valid_capabilities(data: Any) -> dict[str, Any] | None:
+    """A peer's payload is validated wholesale before it is cached; a bad shape is no snapshot."""
+    if not isinstance(data, dict) or not isinstance(data.get("backends"), list):
+        return None
+    backends = []
+    for b in data["backends"][:32]:
+        if not isinstance(b, dict) or not isinstance(b.get("type"), str):
+            return None
+        models = b.get("modelsLoaded")
+        if not isinstance(models, list) or not all(isinstance(m, str) and len(m) <= 300 for m in models):
+            return None
+        backends.append({"type": b["type"][:40], "healthy": b.get("healthy") is True, "modelsLoaded": models[:2000]})
+    out = {k: v for k, v in data.items() if k in ("hardwareTier", "acceptingWork", "nodeUuid", "inFlightRequests",
+                                                   "updatedAt", "maxPromptTokens", "maxNumCtx", "ollamaSlots",
+                                                   "gpuPressure", "gpuPressureSource")}
+    out["backends"] = backends
+    return out
+
+
+class HealthPoller:
+    def __init__(self, node: Any):
+        self.node = node
+        self.failures: dict[str, ProbeFailure] = {}
+        self._task: asyncio.Task | None = None
+
+    @property
+    def poll_s(self) -> int:
+        return self.node.settings.current.poolHealthPollSeconds
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001
+                pass
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.poll_once()
+            except Exception:  # noqa: BLE001 - one bad tick must not end polling
+                log.exception("health tick failed")
+            await asyncio.sleep(self.poll_s)
+
+    async def poll_once(self) -> None:
+        await asyncio.to_thread(self.node.housekeeping)
+        rows = [r for r in self.node.peers.all() if r.status in ("connected", "unreachable")]
+        await asyncio.gather(*(self.probe(r) for r in rows))
+
+    async def probe(self, row: PoolPeer) -> None:
+        now = time.time()
+        failure = self.failures.get(row.id)
+        if failure and failure.next_probe_at and now < failure.next_probe_at:
+            return
+        status, refusal, data, detail, engine_marked = None, None, None, "", False
+        try:
+            answer = await self.node.peer_client.call(row, "GET", P + "/capabilities",
+                                                      timeout=CAPABILITIES_PROBE_TIMEOUT_S)
+            status, refusal = answer.status_code, answer.headers.get(REFUSAL_HEADER)
+            engine_marked = "x-hub-pool-backend" in answer.headers
+            data = answer.json() if status == 200 else None
+            detail = f"HTTP {status}"
+        except PeerAuthError as exc:
+            detail = str(exc)
+        except httpx.HTTPError as exc:
+            detail = f"fetch failed ({type(exc).__name__})"
+        except ValueError:
+            detail = "answered something that is not JSON"
+        caps = valid_capabilities(data) if status == 200 else None
+        if caps is not None:
+            await self._succeeded(row, caps)
+        else:
+            self._failed(row, status, refusal, detail if status != 200 else "invalid capabilities payload",
+                         engine_marked)
+
+    async def _succeeded(self, row: PoolPeer, caps: dict[str, Any]) -> None:
+        if row.id in self.failures:
+            log.info("%s answers its health probe again", row.node_fqdn)
+        self.failures.pop(row.id, None)
+        row = self.node.peers.update(row.id, status="connected", consecutive_failures=0, last_seen_at=utcnow(),
+                                     last_capabilities=caps)
+        if row is not None:
+            await self.reconcile(row, caps)
+
+    def _failed(self, row: PoolPeer, status: int | None, refusal: str | None, detail: str,
+                engine_marked: bool) -> None:
+        now = time.time()
+        kind = classify(status, refusal)
+        prev = self.failures.get(row.id)
+        attempts = (prev.attempts + 1) if prev and prev.kind == kind else 1
+        next_at = None
+        if kind != "unreachable":  # refusals back off from two polls to at most 15 minutes
+            next_at = now + min(MAX_BACKOFF_S, self.poll_s * 2 ** min(attempts, 20))
+        self.failures[row.id] = ProbeFailure(kind, status, detail[:200], prev.since if prev and prev.kind == kind
+                                             else now, now, attempts, next_at)
+        strikes = row.consecutive_failures + 1
+        changes: dict[str, Any] = {"consecutive_failures": strikes}
+        if strikes >= UNREACHABLE_THRESHOLD or kind == "identity_changed":
+            changes["status"] = "unreachable"
+        if status in (401, 403) and not engine_marked:
+            changes["last_capabilities"] = None  # it stopped honouring the pairing: drop what it offered
+        self.node.peers.update(row.id, **changes)
+        log.warning("capabilities probe of %s failed (%s, strike %d): %s", row.node_fqdn, kind, strikes, detail)
+
+    async def reconcile(self, row: PoolPeer, caps: dict[str, Any]) -> None:
+        """The upgrade's crossover: trigger, retire tokens on evidence, roll back on silence."""
+        now = utcnow()
+        if row.peer_public_key and row.signed_seen_at:
+            if row.verify_token_hash or row.present_token_encrypted or row.bearer_grace_until:
+                self.node.peers.update(row.id, verify_token_hash=None, present_token_encrypted=None,
+                                       bearer_grace_until=None)
+                log.info("%s signs its requests: retiring both bearer tokens", row.node_fqdn)
+            return
+        grace = aware(row.bearer_grace_until)
+        if row.peer_public_key and grace is not None and grace <= now:
+            self.node.peers.update(row.id, peer_node_uuid=None, peer_public_key=None, bearer_grace_until=None)
+            log.warning("%s never signed within the grace window: rolling back its pinned key; the exchange is "
+                        "retried on a later tick", row.node_fqdn)
+            return
+        if not row.peer_public_key and isinstance(caps.get("nodeUuid"), str):
+            await self.upgrade(row, expected_uuid=caps["nodeUuid"])
+
+    async def upgrade(self, row: PoolPeer, expected_uuid: str | None = None) -> PoolPeer:
+        """POST /pair/upgrade with the bearer it retires; the answer's key is pinned (learned
+        from a response: this side signs at once)."""
+        identity = self.node.identity.get()
+        if identity is None or identity.signing_key is None:
+            raise PeerAuthError(503, "This node has no usable pool identity to upgrade with")
+        body = {"nodeUuid": identity.node_uuid, "publicKey": identity.public_key}
+        answer = await self.node.peer_client.call(row, "POST", P + "/pair/upgrade", body)
+        data = answer.json() if answer.status_code == 200 else None
+        claim = None
+        if isinstance(data, dict):
+            from hubpool_core.pairing import _valid_claim
+
+            claim = _valid_claim(data.get("nodeUuid"), data.get("publicKey"))
+        if claim is None or (expected_uuid and claim[0] != expected_uuid):
+            raise PeerAuthError(503, f"{row.node_fqdn} did not complete the identity exchange")
+        self.node.pairing._pin_claim(row.id, claim, grace=False)  # noqa: SLF001 - one pinning rule
+        log.info("%s upgraded from bearer tokens to signed requests", row.node_fqdn)
+        return self.node.peers.by_id(row.id)
