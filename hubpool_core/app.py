@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hubpool_core import __version__
-from hubpool_core.api import inference, operator, peers
+from hubpool_core.api import inference, local, operator, peers
 from hubpool_core.node import Node
 
 
@@ -27,6 +27,7 @@ def create_app(node: Node) -> FastAPI:
     app.state.node = node
     app.include_router(operator.build_router())
     app.include_router(peers.build_router())
+    app.include_router(local.build_router())
     app.include_router(inference.build_router())
 
     @app.exception_handler(RequestValidationError)

@@ -164,6 +164,8 @@ class PoolSettings(BaseModel):
     poolPrefixAffinityMargin: int = Field(default=1, ge=0, le=20)
     poolSlotAwareness: int = Field(default=0, ge=0, le=1)
     poolRouteAppsAlways: bool = True
+    #: hubpool's own: the model `auto` prefers, wherever in the pool it is served (Settings → Inference)
+    inferenceModel: str | None = Field(default=None, max_length=200)
     #: hubpool's own: plugins switched off by name (takes effect at the next start)
     pluginsDisabled: list[str] = Field(default_factory=list, max_length=100)
 

@@ -148,6 +148,7 @@ class HealthPoller:
         if row.id in self.failures:
             log.info("%s answers its health probe again", row.node_fqdn)
         self.failures.pop(row.id, None)
+        self.node.load.note_report(row.id)
         row = self.node.peers.update(row.id, status="connected", consecutive_failures=0, last_seen_at=utcnow(),
                                      last_capabilities=caps)
         if row is not None:

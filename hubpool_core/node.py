@@ -20,6 +20,7 @@ from hubpool_core.pairing import Pairing
 from hubpool_core.pairing_pin import PairingPin, SourceCooldown
 from hubpool_core.peer_client import PeerClient
 from hubpool_core.peers import PeerRepo
+from hubpool_core.placement import Load
 from hubpool_core.plugins import PluginHost, load_plugins
 from hubpool_core.proxy.relay import Budgets
 from hubpool_core.routing_log import DEFAULT_CAPACITY, MAX_CAPACITY, RoutingLog, now_iso
@@ -53,7 +54,7 @@ class Node:
             completion_ms=max(connect, env_int(env.completion_timeout_ms, minimum=1) or 300_000),
             min_prefill_tps=max(1, env_int(env.min_prefill_tokens_per_sec, minimum=1) or 50),
         )
-        self.in_flight = 0
+        self.load = Load()
         self._session: aiohttp.ClientSession | None = None
         # pairing and identity
         self.identity = IdentityStore(self.db, node_secret_path(env.data_dir))
@@ -108,7 +109,7 @@ class Node:
                 for b in backends if b.snapshot.result.running
             ],
             "acceptingWork": accepting,
-            "inFlightRequests": self.in_flight,
+            "inFlightRequests": self.load.local,
             "updatedAt": now_iso(),
         }
         identity = self.identity.get()

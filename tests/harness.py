@@ -113,7 +113,8 @@ def fqdn(name: str) -> str:
     return f"{name}.{SUFFIX}"
 
 
-def make_pool(root: Path, names: list[str], environ: dict[str, str] | None = None) -> dict[str, RunningNode]:
+def make_pool(root: Path, names: list[str], environ: dict[str, str] | None = None,
+              per_node: dict[str, dict[str, str]] | None = None) -> dict[str, RunningNode]:
     """Nodes hub-a, hub-b, ... on loopback: each its own data directory and recorded tailnet
     answer, every peer reachable through HUB_POOL_PEER_URLS. Not started."""
     socks = {name: bound_socket() for name in names}
@@ -124,5 +125,6 @@ def make_pool(root: Path, names: list[str], environ: dict[str, str] | None = Non
         status_file.write_text(json.dumps(tailnet_status_for(name)))
         env = {"HUB_POOL_TAILSCALE_CLI": str(status_file), "HUB_POOL_PEER_URLS": json.dumps(urls)}
         env.update(environ or {})
+        env.update((per_node or {}).get(name, {}))
         nodes[name] = RunningNode(root / name, env, sock=socks[name])
     return nodes

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timezone
 from typing import Any
 
@@ -14,7 +15,8 @@ from hubpool_core.access import inference_refusal
 from hubpool_core.engine import NATIVE, OPENAI
 from hubpool_core.local_engines import LocalBackend, listing_backends
 from hubpool_core.models_ids import fold_model_id, same_model
-from hubpool_core.proxy.relay import RelayPlan, RelayResponse
+from hubpool_core.placement import apply_pin, build_candidates, choose_auto_model, usable_peers
+from hubpool_core.proxy.relay import LOCAL_PREFIX, RelayPlan, RelayResponse
 
 POOL_PREFIX = "/api/inference/pool"
 
@@ -29,6 +31,11 @@ ROUTED = {
     "/api/embeddings": (NATIVE, "embeddings"),
 }
 MODEL_REQUIRED = {"error": 'Request body must include a "model" field'}
+AUTO = "auto"
+PEER_SHOW_TIMEOUT_S = 15
+AUTO_NOTHING = ('No chat model on this Hub or its connected peers can stand in for "auto": load a chat model on '
+                "any pool node, or ask for a model by name.")
+SESSION_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+=-]{0,127}")
 
 
 class BadRequest(Exception):
@@ -100,17 +107,32 @@ async def routed(request: Request) -> Response:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         return JSONResponse(MODEL_REQUIRED, status_code=400)
+    settings = node.settings.current
+    backends = await node.local.read(settings.poolProbeSnapshotTtlMs)
+    directions = node.directions()
+    peers = usable_peers(node.peers.all(), directions.outbound.enabled)
+    if model == AUTO:
+        resolved = choose_auto_model(pool_offers(backends, peers), settings.inferenceModel)
+        if resolved is None:
+            return _error(502, AUTO_NOTHING)
+        body["model"] = model = resolved
+        raw = json.dumps(body).encode()
     stream = _wants_stream(dialect, route_class, body)
     estimated = -(-len(raw) // 4)
     budget = node.budgets.forward_ms(estimated, stream)
-    backends = await node.local.read(node.settings.current.poolProbeSnapshotTtlMs)
-    candidates = [b for b in backends if b.healthy and b.lists(model)]
+    ranking = build_candidates(model, backends, peers, node.load, local_affinity=settings.poolLocalAffinity,
+                               pressure_weight=settings.poolPressureWeight,
+                               poll_seconds=settings.poolHealthPollSeconds)
+    pinned = apply_pin(ranking, settings.poolPins, model)
     row = node.routing_log.open(
-        direction="outbound", path=route, model=model, candidates=len(candidates),
-        stream=stream, bodyBytes=len(raw), budgetMs=budget,
+        direction="outbound", path=route, model=model, candidates=len(pinned.ranking),
+        stream=stream, bodyBytes=len(raw), budgetMs=budget, pin=pinned.section,
     )
-    if not candidates:
+    pin_note = _pin_note(pinned.pin) if pinned.pin is not None else None
+    if not pinned.ranking:
         message = f'No pool node currently has model "{model}" available.'
+        if pin_note:
+            message += " " + pin_note
         if any(not b.snapshot.result.running for b in backends):
             message += (" Some local engines did not answer their probe: localBackends shows what this node "
                         "saw of each, and probedMsAgo how old that answer is.")
@@ -118,50 +140,115 @@ async def routed(request: Request) -> Response:
         node.plugins.broadcast_request_finished(row)
         body_502 = {"error": message, "localBackends": await node.local.describe_for_502(backends, model)}
         return JSONResponse(body_502, status_code=502, headers={"X-Hub-Pool-Request-Id": row["id"]})
+    extra = {}
+    session = request.headers.get("x-hub-pool-session")
+    if session and SESSION_PATTERN.fullmatch(session):
+        extra["X-Hub-Pool-Session"] = session
     plan = RelayPlan(route=route, dialect=dialect, body=body, raw=raw, model=model, stream=stream,
-                     candidates=candidates, row=row, budget_ms=budget)
+                     candidates=pinned.ranking, row=row, budget_ms=budget, pin_note=pin_note, extra_headers=extra)
     return RelayResponse(node, plan)
 
 
+def _pin_note(pin: Any) -> str:
+    target = "this node" if pin.targetKind == "local" else f"peer {pin.targetPeerId}"
+    return (f"A routing pin ({pin.scope} scope, prefer {target}) ordered the candidates; a pin only reorders, "
+            "and is not what caused this.")
+
+
+def pool_offers(backends: list[LocalBackend], peers: list[Any]) -> dict[str, set[str]]:
+    """model id -> the nodes that could serve it ("local" for this node)."""
+    offers: dict[str, set[str]] = {}
+    for b in backends:
+        if b.healthy:
+            for m in b.snapshot.result.models:
+                offers.setdefault(m.id, set()).add("local")
+    for p in peers:
+        caps = p.last_capabilities if isinstance(p.last_capabilities, dict) else {}
+        if caps.get("acceptingWork") is False:
+            continue
+        for backend in caps.get("backends") or []:
+            if backend.get("healthy"):
+                for m in backend.get("modelsLoaded") or []:
+                    offers.setdefault(m, set()).add(p.node_fqdn)
+    return offers
+
+
 # -- listings ----------------------------------------------------------------------
+
+def _peer_models(peers: list[Any]) -> list[str]:
+    """Every model a usable peer's cached snapshot lists (merging costs no network call)."""
+    out = []
+    for p in peers:
+        caps = p.last_capabilities if isinstance(p.last_capabilities, dict) else {}
+        if caps.get("acceptingWork") is False:
+            continue
+        for backend in caps.get("backends") or []:
+            if backend.get("healthy"):
+                out.extend(m for m in backend.get("modelsLoaded") or [] if isinstance(m, str))
+    return out
+
+
+def openai_models_payload(backends: list[LocalBackend], peers: list[Any]) -> dict[str, Any]:
+    data, seen = [], set()
+    for b in backends:
+        for m in b.snapshot.result.models:
+            key = fold_model_id(m.id)
+            if key not in seen:
+                seen.add(key)
+                data.append({"id": m.id, "object": "model", "created": _epoch(m.modified_at),
+                             "owned_by": m.owned_by or b.engine.kind})
+    for model in _peer_models(peers):
+        key = fold_model_id(model)
+        if key not in seen:  # a peer publishes names only: nothing else is invented
+            seen.add(key)
+            data.append({"id": model, "object": "model", "created": 0, "owned_by": "hub-pool"})
+    return {"object": "list", "data": data}
+
+
+def native_tags_payload(backends: list[LocalBackend], peers: list[Any]) -> dict[str, Any]:
+    models, seen = [], set()
+    for b in backends:
+        for m in b.snapshot.result.models:
+            key = fold_model_id(m.id)
+            if key not in seen:
+                seen.add(key)
+                models.append({"name": m.id, "model": m.id, "modified_at": m.modified_at, "size": m.size or 0,
+                               "digest": m.digest or "", "details": dict(m.details or {})})
+    for model in _peer_models(peers):
+        key = fold_model_id(model)
+        if key not in seen:
+            seen.add(key)
+            models.append({"name": model, "model": model, "modified_at": None, "size": 0, "digest": "",
+                           "details": {}})
+    return {"models": models}
+
+
+async def _listing_sources(request: Request) -> tuple[list[LocalBackend], list[Any]]:
+    node = request.app.state.node
+    backends = await listing_backends(node.local)
+    return backends, usable_peers(node.peers.all(), node.directions().outbound.enabled)
+
 
 async def list_openai_models(request: Request) -> Response:
     refused = _guard(request)
     if refused is not None:
         return refused
-    backends = await listing_backends(request.app.state.node.local)
-    if not backends:
-        return _error(502, "No local engine answered, and no peer has models to list")
-    data, seen = [], set()
-    for b in backends:
-        for m in b.snapshot.result.models:
-            key = fold_model_id(m.id)
-            if key in seen:
-                continue
-            seen.add(key)
-            data.append({"id": m.id, "object": "model", "created": _epoch(m.modified_at),
-                         "owned_by": m.owned_by or b.engine.kind})
-    return JSONResponse({"object": "list", "data": data})
+    backends, peers = await _listing_sources(request)
+    payload = openai_models_payload(backends, peers)
+    if not backends and not payload["data"]:
+        return _error(502, "No local engine answered, and no connected peer lists a model")
+    return JSONResponse(payload)
 
 
 async def list_native_tags(request: Request) -> Response:
     refused = _guard(request)
     if refused is not None:
         return refused
-    backends = await listing_backends(request.app.state.node.local)
-    if not backends:
-        return _error(502, "No local engine answered, and no peer has models to list")
-    models, seen = [], set()
-    for b in backends:
-        for m in b.snapshot.result.models:
-            key = fold_model_id(m.id)
-            if key in seen:
-                continue
-            seen.add(key)
-            # unknown fields are emitted empty or zero, never invented
-            models.append({"name": m.id, "model": m.id, "modified_at": m.modified_at, "size": m.size or 0,
-                           "digest": m.digest or "", "details": dict(m.details or {})})
-    return JSONResponse({"models": models})
+    backends, peers = await _listing_sources(request)
+    payload = native_tags_payload(backends, peers)
+    if not backends and not payload["models"]:
+        return _error(502, "No local engine answered, and no connected peer lists a model")
+    return JSONResponse(payload)
 
 
 async def list_running(request: Request) -> Response:
@@ -201,18 +288,9 @@ async def version(request: Request) -> Response:
     return JSONResponse({"version": __version__})
 
 
-async def show(request: Request) -> Response:
-    refused = _guard(request)
-    if refused is not None:
-        return refused
-    node = request.app.state.node
-    try:
-        raw, body = await read_json_object(request, node.env.max_body_bytes)
-    except BadRequest as exc:
-        return _error(exc.status, exc.message)
+async def describe_locally(node: Any, raw: bytes, body: dict[str, Any]) -> Response | None:
+    """This node's engines describe the model, or None when none of them holds it."""
     model = body.get("model") or body.get("name")
-    if not isinstance(model, str) or not model:
-        return JSONResponse(MODEL_REQUIRED, status_code=400)
     backends = [b for b in await node.local.read(node.settings.current.poolProbeSnapshotTtlMs)
                 if b.healthy and b.lists(model)]
     for b in backends:
@@ -228,7 +306,53 @@ async def show(request: Request) -> Response:
                                 media_type="application/json", headers=_show_headers(b, model))
         else:
             return JSONResponse(_describe(b, model), headers=_show_headers(b, model))
-    return _error(404 if not backends else 502, f'model "{model}" not found on this node')
+    return None
+
+
+async def show(request: Request) -> Response:
+    refused = _guard(request)
+    if refused is not None:
+        return refused
+    node = request.app.state.node
+    try:
+        raw, body = await read_json_object(request, node.env.max_body_bytes)
+    except BadRequest as exc:
+        return _error(exc.status, exc.message)
+    model = body.get("model") or body.get("name")
+    if not isinstance(model, str) or not model:
+        return JSONResponse(MODEL_REQUIRED, status_code=400)
+    peers = usable_peers(node.peers.all(), node.directions().outbound.enabled)
+    if model == AUTO:
+        backends = await node.local.read(node.settings.current.poolProbeSnapshotTtlMs)
+        resolved = choose_auto_model(pool_offers(backends, peers), node.settings.current.inferenceModel)
+        if resolved is None:
+            return _error(502, AUTO_NOTHING)
+        body = {**body, "model": resolved}
+        body.pop("name", None)
+        raw, model = json.dumps(body).encode(), resolved
+    answer = await describe_locally(node, raw, body)
+    if answer is not None:
+        return answer
+    # no local engine holds it: a connected peer that does describes it (no routing-log row)
+    ranking = build_candidates(model, [], peers, node.load, local_affinity=0, pressure_weight=0,
+                               poll_seconds=node.settings.current.poolHealthPollSeconds)
+    for cand in ranking:
+        path = LOCAL_PREFIX + "/api/show"
+        try:
+            headers = await node.peer_client.auth_headers(cand.peer, "POST", path, None)
+            reply = await node.peer_client.http.post(
+                node.peer_client.base_url(cand.node) + path, content=raw, timeout=PEER_SHOW_TIMEOUT_S,
+                headers={**headers, "Content-Type": "application/json", "X-Hub-Pool-Backend": cand.backend,
+                         "X-Hub-Pool-Model": model})
+        except Exception:  # noqa: BLE001 - a stalled or refusing peer is skipped for the next
+            continue
+        if reply.status_code < 400:
+            return Response(reply.content, status_code=reply.status_code, media_type="application/json",
+                            headers={"X-Hub-Pool-Served-By": cand.node, "X-Hub-Pool-Backend": cand.backend,
+                                     "X-Hub-Pool-Model": model})
+    if ranking:
+        return _error(502, f'No pool node could describe model "{model}"')
+    return _error(404, f'model "{model}" not found on this node or its connected peers')
 
 
 def _show_headers(b: LocalBackend, model: str) -> dict[str, str]:

@@ -10,7 +10,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from hubpool_core.access import operator_refusal
-from hubpool_core.config import SettingsError
+from pydantic import ValidationError
+
+from hubpool_core.config import Pin, SettingsError
 from hubpool_core.directions import resolve_directions
 from hubpool_core.peers import public_peer
 from hubpool_core.signing import normalize_peer_fqdn
@@ -94,7 +96,7 @@ async def status(request: Request) -> Response:
             "nodeFqdn": normalize_peer_fqdn(tailnet.self_fqdn),
             "tailnet": tailnet.suffix,
             "tailscaleConnected": tailnet.connected,
-            "inFlightRequests": node.in_flight,
+            "inFlightRequests": node.load.local,
             "hardwareTier": None,
             "backends": [
                 {"type": b.engine.kind, "url": b.engine.base_url, "healthy": b.healthy,
@@ -108,7 +110,8 @@ async def status(request: Request) -> Response:
                 "identityError": node.identity.error,
             },
         },
-        "peers": [public_peer(r) | {"inFlightRequests": 0, "probeFailure": _failure(node, r)} for r in rows],
+        "peers": [public_peer(r) | {"inFlightRequests": node.load.forwarded.get(r.id, 0),
+                                    "probeFailure": _failure(node, r)} for r in rows],
         "peerCounts": {
             "total": len(rows),
             "connected": len(connected),
@@ -116,7 +119,7 @@ async def status(request: Request) -> Response:
             "unreachable": sum(1 for r in rows if r.status == "unreachable"),
             "disabled": sum(1 for r in rows if not r.enabled),
         },
-        "pins": [],
+        "pins": status_pins(node, backends),
         "pairingPin": node.pairing_pin.status(now),
         "routing": node.routing_log.summary(),
     }
@@ -126,6 +129,75 @@ async def status(request: Request) -> Response:
 def _failure(node: Any, row: Any) -> dict[str, Any] | None:
     failure = node.health.failures.get(row.id)
     return failure.as_json() if failure else None
+
+
+async def add_pin(request: Request) -> Response:
+    if (refused := _operator(request)) is not None:
+        return refused
+    node = request.app.state.node
+    try:
+        body = json.loads(await request.body() or b"{}")
+        pin = Pin(**body) if isinstance(body, dict) else None
+    except (ValueError, TypeError, ValidationError) as exc:
+        return JSONResponse({"error": f"Invalid pin: {_first_error(exc)}"}, status_code=400)
+    if pin is None:
+        return JSONResponse({"error": "Request body must be a JSON object"}, status_code=400)
+    if (pin.scope == "model") != bool(pin.model):
+        return JSONResponse({"error": "model is required exactly when scope is model"}, status_code=400)
+    if (pin.targetKind == "peer") != bool(pin.targetPeerId):
+        return JSONResponse({"error": "targetPeerId is required exactly when targetKind is peer"}, status_code=400)
+    if pin.targetKind == "peer" and node.peers.by_id(pin.targetPeerId) is None:
+        return JSONResponse({"error": f"No pool peer with id {pin.targetPeerId}"}, status_code=404)
+    pins = [p for p in node.settings.current.poolPins if (p.scope, p.model) != (pin.scope, pin.model)] + [pin]
+    try:
+        updated = node.settings.replace_pins(pins)
+    except ValidationError:
+        return JSONResponse({"error": "At most 64 pins"}, status_code=422)
+    return JSONResponse({"pins": [p.model_dump() for p in updated.poolPins]})
+
+
+async def delete_pin(request: Request) -> Response:
+    if (refused := _operator(request)) is not None:
+        return refused
+    node = request.app.state.node
+    scope, model = request.query_params.get("scope"), request.query_params.get("model")
+    if scope not in ("default", "model") or (scope == "model") != bool(model):
+        return JSONResponse({"error": "scope must be default, or model with ?model=<id>"}, status_code=400)
+    pins = [p for p in node.settings.current.poolPins if (p.scope, p.model) != (scope, model or None)]
+    updated = node.settings.replace_pins(pins)
+    return JSONResponse({"pins": [p.model_dump() for p in updated.poolPins]})
+
+
+def _first_error(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        e = exc.errors()[0]
+        return f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}"
+    return str(exc)
+
+
+def status_pins(node: Any, backends: list[Any]) -> list[dict[str, Any]]:
+    """Every pin with its target named and targetAvailable from the ranker's own predicates."""
+    from hubpool_core.placement import peer_offers
+
+    out = []
+    for pin in node.settings.current.poolPins:
+        row: dict[str, Any] = pin.model_dump()
+        if pin.targetKind == "local":
+            row["nodeFqdn"] = None
+            row["targetAvailable"] = any(b.healthy and (pin.model is None or b.lists(pin.model)) for b in backends)
+        else:
+            peer = node.peers.by_id(pin.targetPeerId)
+            row["nodeFqdn"] = peer.node_fqdn if peer else None
+            caps = peer.last_capabilities if peer and isinstance(peer.last_capabilities, dict) else None
+            usable = bool(peer and peer.status == "connected" and peer.enabled and caps
+                          and caps.get("acceptingWork") is not False)
+            if usable and pin.model is not None:
+                usable = peer_offers(peer, pin.model) is not None
+            elif usable:
+                usable = any(b.get("healthy") for b in caps.get("backends") or [])
+            row["targetAvailable"] = usable
+        out.append(row)
+    return out
 
 
 async def plugins(request: Request) -> Response:
@@ -142,4 +214,6 @@ def build_router() -> APIRouter:
     router.add_api_route(P + "/routing-log", routing_log, methods=["GET"])
     router.add_api_route(P + "/status", status, methods=["GET"])
     router.add_api_route(P + "/plugins", plugins, methods=["GET"])
+    router.add_api_route(P + "/pins", add_pin, methods=["POST"])
+    router.add_api_route(P + "/pins", delete_pin, methods=["DELETE"])
     return router

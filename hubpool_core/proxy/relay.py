@@ -21,7 +21,8 @@ import aiohttp
 from starlette.responses import Response
 
 from hubpool_core.engine import OPENAI
-from hubpool_core.local_engines import LocalBackend
+from hubpool_core.peer_client import PeerAuthError
+from hubpool_core.placement import Candidate
 from hubpool_core.proxy.translate import NativeToOpenAI
 
 log = logging.getLogger("hubpool.relay")
@@ -33,6 +34,7 @@ HOP_BY_HOP = frozenset(
 STREAM_TYPES = ("application/x-ndjson", "text/event-stream")
 #: local candidates fail over on these besides 5xx (the engine talking about its queue)
 LOCAL_FAILOVER_4XX = frozenset({408, 429})
+LOCAL_PREFIX = "/api/inference/pool/local"
 
 
 class ClientGone(Exception):
@@ -61,16 +63,29 @@ class RelayPlan:
     raw: bytes
     model: str
     stream: bool
-    candidates: list[LocalBackend]
+    candidates: list[Candidate]
     row: dict[str, Any]
     budget_ms: int
     extra_headers: dict[str, str] = field(default_factory=dict)
+    #: the peer that forwarded this request (inbound /local/* rows), else None
+    inbound_from: str | None = None
+    pin_note: str | None = None
 
 
-def _attribution(plan: RelayPlan, backend: LocalBackend) -> list[tuple[bytes, bytes]]:
+#: a peer also fails over on these: its own pairing checks, saying nothing about the request
+PEER_FAILOVER_4XX = frozenset({401, 403, 404, 408, 429})
+ENGINE_REFUSAL_WARN_INTERVAL_S = 600
+_refusal_warned: dict[tuple[str, str, int], float] = {}
+
+
+def _attribution(plan: RelayPlan, cand: Candidate, backend: str) -> list[tuple[bytes, bytes]]:
+    if plan.inbound_from is not None:
+        # a peer relaying from its engine marks the answer: that is how the sender tells an
+        # engine's 401/403 from this node refusing the pairing
+        return [(b"x-hub-pool-backend", backend.encode())]
     return [
-        (b"x-hub-pool-served-by", b"local"),
-        (b"x-hub-pool-backend", backend.engine.kind.encode()),
+        (b"x-hub-pool-served-by", cand.node.encode()),
+        (b"x-hub-pool-backend", backend.encode()),
         (b"x-hub-pool-model", plan.model.encode("utf-8", "replace")),
         (b"x-hub-pool-request-id", plan.row["id"].encode()),
     ]
@@ -84,6 +99,12 @@ def _pass_headers(upstream: aiohttp.ClientResponse) -> list[tuple[bytes, bytes]]
             continue  # attribution is always this node's own statement
         out.append((lk, value))
     return out
+
+
+class _Failed(Exception):
+    def __init__(self, status: int | None, reason: str, deadline: bool = False):
+        super().__init__(reason)
+        self.status, self.reason, self.deadline = status, reason, deadline
 
 
 class RelayResponse(Response):
@@ -107,12 +128,10 @@ class RelayResponse(Response):
                     return
 
         watcher = asyncio.ensure_future(watch())
-        self.node.in_flight += 1
         started = time.monotonic()
         try:
             await self._walk(send, gone, started)
         finally:
-            self.node.in_flight -= 1
             watcher.cancel()
             row = self.plan.row
             if row["totalMs"] is None:
@@ -121,13 +140,11 @@ class RelayResponse(Response):
                 self.node.routing_log.touch(row, outcome="failed", reason=row["reason"] or "ended without an answer")
             self.node.plugins.broadcast_request_finished(row)
 
-    async def _walk(self, send: Any, gone: asyncio.Event, started: float) -> None:
-        plan, log_ = self.plan, self.node.routing_log
-        row = plan.row
-        total = len(plan.candidates)
-        last_error = "no candidate answered"
-        for attempt, backend in enumerate(plan.candidates, start=1):
-            engine = backend.engine
+    async def _open(self, cand: Candidate) -> tuple[Any, NativeToOpenAI | None]:
+        """The upstream request for one candidate (not yet awaited) and its translator."""
+        plan = self.plan
+        if cand.is_local:
+            engine = cand.local.engine
             translator = None
             route, body_bytes = plan.route, plan.raw
             if plan.dialect not in engine.dialects:
@@ -135,53 +152,123 @@ class RelayResponse(Response):
                 route, body_bytes = translator.upstream_route, json.dumps(translator.upstream_body).encode()
             dialect = OPENAI if translator else plan.dialect
             url = engine.base_url + engine.upstream_path(dialect, route)
-            headers = {"Content-Type": "application/json", **engine.auth_headers(), **plan.extra_headers}
-            log_.touch(row, node="local", backend=engine.kind, attempt=attempt)
-            request = self.node.session.post(
-                url, data=body_bytes, headers=headers, skip_auto_headers=("Accept-Encoding",)
-            )
+            headers = {"Content-Type": "application/json", **engine.auth_headers()}
+        else:
+            path = LOCAL_PREFIX + plan.route
             try:
-                upstream = await _race(request, gone, plan.budget_ms / 1000)
-            except ClientGone:
-                waited = int((time.monotonic() - started) * 1000)
-                log_.touch(row, outcome="failed", status=None, clientClosed=True, durationMs=waited,
-                           reason=f"the app closed its connection after {waited} ms; local had not answered yet")
+                auth = await self.node.peer_client.auth_headers(cand.peer, "POST", path, None)
+            except PeerAuthError as exc:
+                raise _Failed(None, str(exc)) from None
+            url = self.node.peer_client.base_url(cand.node) + path
+            headers = {"Content-Type": "application/json", **auth, "X-Hub-Pool-Backend": cand.backend,
+                       "X-Hub-Pool-Model": plan.model, "X-Hub-Pool-Request-Id": plan.row["id"]}
+            translator, body_bytes = None, plan.raw
+        headers.update(plan.extra_headers)
+        request = self.node.session.post(url, data=body_bytes, headers=headers,
+                                         skip_auto_headers=("Accept-Encoding",))
+        return request, translator
+
+    async def _walk(self, send: Any, gone: asyncio.Event, started: float) -> None:
+        plan, log_, load = self.plan, self.node.routing_log, self.node.load
+        row = plan.row
+        total = len(plan.candidates)
+        failures: list[_Failed] = []
+        for attempt, cand in enumerate(plan.candidates, start=1):
+            last = attempt == total
+            log_.touch(row, node=plan.inbound_from or cand.node, peerId=cand.peer_id, backend=cand.backend,
+                       attempt=attempt)
+            load.acquire(cand.peer_id)
+            released = False
+            try:
+                request, translator = await self._open(cand)
+                try:
+                    upstream = await _race(request, gone, plan.budget_ms / 1000)
+                except ClientGone:
+                    waited = int((time.monotonic() - started) * 1000)
+                    log_.touch(row, outcome="failed", status=None, clientClosed=True, durationMs=waited,
+                               reason=f"the app closed its connection after {waited} ms; {cand.node} had not "
+                                      "answered yet")
+                    return
+                except asyncio.TimeoutError:
+                    raise _Failed(None, f"No response headers within {plan.budget_ms}ms", deadline=True) from None
+                except aiohttp.ClientError as exc:
+                    raise _Failed(None, f"fetch failed ({_transport_code(exc)})") from None
+                status = upstream.status
+                if self._fails_over(cand, upstream, last):
+                    upstream.release()
+                    raise _Failed(status, f"HTTP {status}")
+                try:
+                    await self._commit(send, gone, upstream, cand, translator, started)
+                finally:
+                    load.release(cand.peer_id)
+                    released = True
                 return
-            except asyncio.TimeoutError:
-                last_error = f"No response headers within {plan.budget_ms}ms"
-                self._passed_over(backend, None, last_error)
-                continue
-            except aiohttp.ClientError as exc:
-                last_error = f"fetch failed ({_transport_code(exc)})"
-                self._passed_over(backend, None, last_error)
-                continue
-            status = upstream.status
-            if status >= 500 or status in LOCAL_FAILOVER_4XX:
-                last_error = f"HTTP {status}"
-                upstream.release()
-                if attempt < total:
-                    self._passed_over(backend, status, last_error)
-                    self.node.local.invalidate(engine)
-                    continue
-                # last candidate: its answer goes back as the engine gave it
-            await self._commit(send, gone, upstream, backend, translator, started)
-            return
-        log_.touch(row, outcome="failed", status=502, durationMs=int((time.monotonic() - started) * 1000),
-                   reason=last_error)
-        body = json.dumps({"error": f'All {total} pool candidates for model "{plan.model}" failed: {last_error}'}).encode()
+            except _Failed as failure:
+                failures.append(failure)
+                self._passed_over(cand, failure)
+                if cand.is_local:
+                    self.node.local.invalidate(cand.local.engine)
+            finally:
+                if not released:
+                    load.release(cand.peer_id)
+        await self._exhausted(send, failures, started)
+
+    def _fails_over(self, cand: Candidate, upstream: aiohttp.ClientResponse, last: bool) -> bool:
+        status = upstream.status
+        if self.plan.inbound_from is not None:
+            return False  # a forward is never re-routed here: the engine's answer goes back, marked
+        if status >= 500 or status in LOCAL_FAILOVER_4XX:
+            return True
+        if cand.is_local or status not in PEER_FAILOVER_4XX:
+            return False
+        marked = "x-hub-pool-backend" in upstream.headers
+        if marked and status in (401, 403):
+            engine = upstream.headers.get("x-hub-pool-backend", cand.backend)
+            key = (cand.node, engine, status)
+            now = time.monotonic()
+            if now - _refusal_warned.get(key, -1e9) >= ENGINE_REFUSAL_WARN_INTERVAL_S:
+                _refusal_warned[key] = now
+                log.warning("%s's %s answered %s: check the API key that peer holds for it", cand.node, engine, status)
+            else:
+                log.debug("%s's %s answered %s again", cand.node, engine, status)
+            return not last  # from the last candidate it goes back as the engine's answer
+        if status in (401, 403, 404) and not marked:
+            # the peer's own pairing checks: it stopped trusting us; drop what it offered
+            self.node.peers.update(cand.peer_id, last_capabilities=None)
+            log.warning("%s refused this node (%s): its cached capabilities are dropped until it answers a "
+                        "health poll", cand.node, status)
+        return True
+
+    def _passed_over(self, cand: Candidate, failure: _Failed) -> None:
+        row = self.plan.row
+        row["failedOverFrom"].append(cand.node)
+        row["attempts"].append({"node": cand.node, "backend": cand.backend, "status": failure.status,
+                                "reason": failure.reason[:200]})
+        log.warning("failover: %s (%s) passed over for %s: %s", cand.node, cand.backend, self.plan.model,
+                    failure.reason)
+
+    async def _exhausted(self, send: Any, failures: list[_Failed], started: float) -> None:
+        plan, row = self.plan, self.plan.row
+        total = len(plan.candidates)
+        last = failures[-1].reason if failures else "no candidate answered"
+        if failures and all(f.deadline for f in failures):
+            message = (f'No pool candidate answered for model "{plan.model}" within its deadline ({total} '
+                       f"candidate{'s' if total != 1 else ''} tried; {plan.budget_ms} ms each). This is a deadline, "
+                       "not proof the nodes are down — a long prompt on a busy node can take longer; "
+                       "HUB_POOL_FIRST_BYTE_TIMEOUT_MS and HUB_POOL_MIN_PREFILL_TOKENS_PER_SEC size it.")
+        else:
+            message = f'All {total} pool candidates for model "{plan.model}" failed: {last}'
+        if plan.pin_note:
+            message += " " + plan.pin_note
+        self.node.routing_log.touch(row, outcome="failed", status=502, reason=last,
+                                    durationMs=int((time.monotonic() - started) * 1000))
         await send({"type": "http.response.start", "status": 502,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"x-hub-pool-request-id", row["id"].encode())]})
-        await send({"type": "http.response.body", "body": body})
-
-    def _passed_over(self, backend: LocalBackend, status: int | None, reason: str) -> None:
-        row = self.plan.row
-        row["failedOverFrom"].append("local")
-        row["attempts"].append({"node": "local", "backend": backend.engine.kind, "status": status, "reason": reason[:200]})
-        log.warning("failover: local %s passed over for %s (%s)", backend.engine.kind, self.plan.model, reason)
+        await send({"type": "http.response.body", "body": json.dumps({"error": message}).encode()})
 
     async def _commit(self, send: Any, gone: asyncio.Event, upstream: aiohttp.ClientResponse,
-                      backend: LocalBackend, translator: NativeToOpenAI | None, started: float) -> None:
+                      cand: Candidate, translator: NativeToOpenAI | None, started: float) -> None:
         plan, row, log_ = self.plan, self.plan.row, self.node.routing_log
         status = upstream.status
         ctype = upstream.headers.get("Content-Type", "")
@@ -195,7 +282,8 @@ class RelayResponse(Response):
         elif status >= 500:
             fields["reason"] = f"HTTP {status}"
         log_.touch(row, **fields)
-        headers = _attribution(plan, backend)
+        backend = upstream.headers.get("x-hub-pool-backend", cand.backend) if not cand.is_local else cand.backend
+        headers = _attribution(plan, cand, backend)
         try:
             if translator is not None:
                 await self._relay_translated(send, gone, upstream, translator, streamed, headers)

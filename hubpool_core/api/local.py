@@ -1,0 +1,141 @@
+"""Peer-facing /local/*: work a paired node forwards to this node's own engines.
+
+These never re-run candidate selection (the no-relay rule): the sender already chose this
+node and the engine, named in X-Hub-Pool-Backend. Every answer relayed from an engine is
+stamped with X-Hub-Pool-Backend; this node's own refusals carry no stamp, which is how the
+sender tells them apart. Every refusal is an inbound routing-log row too.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from hubpool_core.api.inference import ROUTED, BadRequest, _wants_stream, read_json_object
+from hubpool_core.directions import ENV_MASTER_TEXT  # noqa: F401 - texts live with the switches
+from hubpool_core.local_engines import listing_backends
+from hubpool_core.peer_guard import PeerRefused, admit
+from hubpool_core.placement import Candidate
+from hubpool_core.proxy.relay import LOCAL_PREFIX, RelayPlan, RelayResponse
+
+REQUEST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
+INBOUND_OFF = "This node is not accepting pooled work right now (inbound pooling is switched off here)"
+PEER_OFF = "This node is not exchanging work with your node right now (the operator disabled this peer here)"
+BAD_BACKEND = "Missing or invalid X-Hub-Pool-Backend header"
+
+
+def _refuse(node: Any, route: str, sender: str | None, request: Request, status: int, message: str,
+            headers: dict[str, str] | None = None) -> JSONResponse:
+    rid = request.headers.get("x-hub-pool-request-id")
+    row = node.routing_log.open(direction="inbound", path=route, model=request.headers.get("x-hub-pool-model"),
+                                request_id=rid if rid and REQUEST_ID.fullmatch(rid) else None)
+    node.routing_log.touch(row, node=sender, outcome="failed", status=status, reason=message[:200],
+                           durationMs=0, totalMs=0)
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def _admitted(node: Any, request: Request, route: str) -> tuple[Any, JSONResponse | None]:
+    raw_path = (request.scope.get("raw_path") or request.url.path.encode()).decode("latin-1")
+    try:
+        row = admit(node, request.method, raw_path, dict(request.headers.items()), None)
+    except PeerRefused as exc:
+        return None, _refuse(node, route, None, request, exc.status, exc.message, exc.headers)
+    directions = node.directions()
+    if not directions.master.enabled:
+        return row, _refuse(node, route, row.node_fqdn, request, 503, directions.describe_master())
+    if row.status not in ("connected", "unreachable"):
+        return row, _refuse(node, route, row.node_fqdn, request, 403, "Peer is not connected")
+    if not directions.inbound.enabled:
+        # 503, never 403: a 403 would make the sender drop a healthy pairing's capabilities
+        return row, _refuse(node, route, row.node_fqdn, request, 503, INBOUND_OFF)
+    if row.enabled is False:
+        return row, _refuse(node, route, row.node_fqdn, request, 503, PEER_OFF)
+    return row, None
+
+
+async def forward(request: Request) -> Response:
+    node = request.app.state.node
+    route = request.scope["route_key"]
+    peer, refused = _admitted(node, request, route)
+    if refused is not None:
+        return refused
+    kind = request.headers.get("x-hub-pool-backend")
+    engines = [e for e in node.local.engines if e.kind == kind]
+    if not engines:
+        return _refuse(node, route, peer.node_fqdn, request, 400, BAD_BACKEND)
+    try:
+        raw, body = await read_json_object(request, node.env.max_body_bytes)
+    except BadRequest as exc:
+        return _refuse(node, route, peer.node_fqdn, request, exc.status, exc.message)
+    model = request.headers.get("x-hub-pool-model") or body.get("model")
+    if not isinstance(model, str) or not model:
+        return _refuse(node, route, peer.node_fqdn, request, 400, 'Request body must include a "model" field')
+    dialect, route_class = ROUTED[route]
+    stream = _wants_stream(dialect, route_class, body)
+    backends = await node.local.read(node.settings.current.poolProbeSnapshotTtlMs)
+    chosen = [b for b in backends if b.engine.kind == kind and b.healthy and b.lists(body.get("model") or model)]
+    rid = request.headers.get("x-hub-pool-request-id")
+    budget = node.budgets.forward_ms(-(-len(raw) // 4), stream)
+    row = node.routing_log.open(direction="inbound", path=route, model=model,
+                                request_id=rid if rid and REQUEST_ID.fullmatch(rid) else None,
+                                candidates=len(chosen), stream=stream, bodyBytes=len(raw), budgetMs=budget)
+    if not chosen:
+        node.routing_log.touch(row, node=peer.node_fqdn, outcome="failed", status=502, durationMs=0, totalMs=0,
+                               reason=f"No local backend able to serve {route}")
+        return JSONResponse({"error": f"No local backend able to serve {route}"}, status_code=502)
+    candidates = [Candidate("local", b.engine.kind, local=b) for b in chosen[:1]]
+    plan = RelayPlan(route=route, dialect=dialect, body=body, raw=raw, model=model, stream=stream,
+                     candidates=candidates, row=row, budget_ms=budget, inbound_from=peer.node_fqdn)
+    return RelayResponse(node, plan)
+
+
+async def local_listing(request: Request) -> Response:
+    """A peer asking what this node's own engines list (no peers merged: no relay)."""
+    node = request.app.state.node
+    route = request.scope["route_key"]
+    _peer, refused = _admitted(node, request, route)
+    if refused is not None:
+        return refused
+    from hubpool_core.api.inference import native_tags_payload, openai_models_payload
+
+    backends = await listing_backends(node.local)
+    if route == "/v1/models":
+        return JSONResponse(openai_models_payload(backends, []))
+    return JSONResponse(native_tags_payload(backends, []))
+
+
+async def local_show(request: Request) -> Response:
+    node = request.app.state.node
+    _peer, refused = _admitted(node, request, "/api/show")
+    if refused is not None:
+        return refused
+    from hubpool_core.api.inference import describe_locally
+
+    try:
+        raw, body = await read_json_object(request, node.env.max_body_bytes)
+    except BadRequest as exc:
+        return JSONResponse({"error": exc.message}, status_code=exc.status)
+    answer = await describe_locally(node, raw, body)
+    return answer or JSONResponse({"error": "model not found on this node"}, status_code=404)
+
+
+def _keyed(fn: Any, route: str) -> Any:
+    async def endpoint(request: Request) -> Response:
+        request.scope["route_key"] = route
+        return await fn(request)
+
+    endpoint.__name__ = fn.__name__ + "_" + route.strip("/").replace("/", "_")
+    return endpoint
+
+
+def build_router() -> APIRouter:
+    router = APIRouter()
+    for route in ROUTED:
+        router.add_api_route(LOCAL_PREFIX + route, _keyed(forward, route), methods=["POST"])
+    router.add_api_route(LOCAL_PREFIX + "/v1/models", _keyed(local_listing, "/v1/models"), methods=["GET"])
+    router.add_api_route(LOCAL_PREFIX + "/api/tags", _keyed(local_listing, "/api/tags"), methods=["GET"])
+    router.add_api_route(LOCAL_PREFIX + "/api/show", local_show, methods=["POST"])
+    return router
