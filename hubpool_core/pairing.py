@@ -301,7 +301,7 @@ class Pairing:
         data = _json(answer)
         if answer.status_code >= 400:
             reason = data.get("error") if isinstance(data, dict) else None
-            if pin is not None and answer.status_code in (401, 403):
+            if pin is not None and answer.status_code == 401:
                 log.warning("%s refused the pairing PIN (%s)", base_url, answer.status_code)
                 raise PairingError(400, f"Peer refused the pairing PIN ({answer.status_code}). Mint a fresh one "
                                         "on that Hub — a PIN is single-use and expires.")
@@ -370,6 +370,8 @@ class Pairing:
         told = await asyncio.gather(*(self._notify(r, "/pair/unpair") for r in rows))
         unreachable = [r.node_fqdn for r, ok in zip(rows, told) if not ok]
         self.repo.delete_all()
+        if self.node.identity.get() is None:
+            raise PairingError(503, f"This node's pool identity cannot be loaded: {self.node.identity.error}")
         keypair = self.node.identity.rotate()
         return {"nodeUuid": keypair.node_uuid, "publicKeyFingerprint": keypair.fingerprint,
                 "unpaired": [r.node_fqdn for r in rows], "unreachable": unreachable}

@@ -86,7 +86,8 @@ def _handles(fn):  # noqa: ANN001, ANN202 - wraps a handler so errors become the
 async def pair_request(request: Request) -> Response:
     node = request.app.state.node
     body = await _object(request)
-    ip = caller_source_ip(request, bool(node.env.trust_proxy))
+    trust = (node.env.trust_proxy or "").strip().lower() in ("1", "true", "yes")
+    ip = caller_source_ip(request, trust)
     return JSONResponse(await node.pairing.receive_request(body, ip))
 
 

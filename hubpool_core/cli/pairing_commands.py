@@ -116,8 +116,8 @@ def pair(node: str = typer.Argument(..., help="The other Hub's tailnet name, or 
         body["displayName"] = name
     _confirm(f"Send a pairing request to {node}?", yes)
     row = _call(url, "POST", P + "/peers/pair", body)
-    out.print(f"Request sent to {row['nodeFqdn']} (ID {row['id'][:8]}). It waits for an operator there: "
-              f"`hubpool peers`, then `hubpool approve <id>` on {row['nodeFqdn']}.")
+    out.print(f"Request sent to {row['nodeFqdn']} (ID here {row['id'][:8]}). It waits for an operator there: "
+              f"on {row['nodeFqdn']}, run `hubpool peers`, then `hubpool approve <this node's name or its ID there>`.")
     if row.get("peerKeyFingerprint"):
         out.print(f"Its key fingerprint: {row['peerKeyFingerprint']}")
 
