@@ -67,6 +67,7 @@ class EnvSettings(BaseSettings):
     portal_url: str | None = _alias("HUB_POOL_PORTAL_URL")
     amd_drm_root: str = Field(default="/sys/class/drm", validation_alias="HUB_POOL_AMD_DRM_ROOT")
     pressure_host_file: str | None = _alias("HUB_POOL_PRESSURE_HOST_FILE")
+    hardware_tier: str | None = _alias("HUB_POOL_HARDWARE_TIER")
     trust_proxy: str | None = _alias("HUB_TRUST_PROXY")
 
 

@@ -79,7 +79,7 @@ def valid_capabilities(data: Any) -> dict[str, Any] | None:
         backends.append({"type": b["type"][:40], "healthy": b.get("healthy") is True, "modelsLoaded": models[:2000]})
     out = {k: v for k, v in data.items() if k in ("hardwareTier", "acceptingWork", "nodeUuid", "inFlightRequests",
                                                    "updatedAt", "maxPromptTokens", "maxNumCtx", "ollamaSlots",
-                                                   "gpuPressure", "gpuPressureSource")}
+                                                   "gpuPressure", "gpuPressureSource", "containers")}
     out["backends"] = backends
     return out
 

@@ -20,7 +20,9 @@ from hubpool_core.pairing import Pairing
 from hubpool_core.pairing_pin import PairingPin, SourceCooldown
 from hubpool_core.peer_client import PeerClient
 from hubpool_core.peers import PeerRepo
-from hubpool_core.placement import Load
+from hubpool_core.containers import ContainerSampler
+from hubpool_core.placement import TIER_RANK, Load
+from hubpool_core.pressure_sampler import PressureSampler
 from hubpool_core.plugins import PluginHost, load_plugins
 from hubpool_core.proxy.relay import Budgets
 from hubpool_core.routing_log import DEFAULT_CAPACITY, MAX_CAPACITY, RoutingLog, now_iso
@@ -55,6 +57,9 @@ class Node:
             min_prefill_tps=max(1, env_int(env.min_prefill_tokens_per_sec, minimum=1) or 50),
         )
         self.load = Load()
+        tier = (env.hardware_tier or "").strip().lower()
+        #: the operator's statement of this node's hardware tier (high, medium, low, cpu-only)
+        self.hardware_tier = tier if tier in TIER_RANK else None
         self._session: aiohttp.ClientSession | None = None
         # pairing and identity
         self.identity = IdentityStore(self.db, node_secret_path(env.data_dir))
@@ -74,6 +79,14 @@ class Node:
         self.peer_client = PeerClient(self)
         self.pairing = Pairing(self)
         self.health = HealthPoller(self)
+        sources = []
+        for cls in self.plugins.pressure_sources:
+            try:
+                sources.append(cls(env))
+            except Exception as exc:  # noqa: BLE001 - one broken source must not stop the node
+                log.warning("pressure source %s could not start: %s", getattr(cls, "name", cls), exc)
+        self.pressure = PressureSampler(self, sources)
+        self.containers = ContainerSampler(self.plugins.container_stats)
 
     def housekeeping(self) -> None:
         """What rides every health tick besides the probes (sync: it only touches the store)."""
@@ -103,7 +116,7 @@ class Node:
         """GET /capabilities: the inventory half, emptied when not accepting work."""
         backends = await self.local.read(max(self.settings.current.poolProbeSnapshotTtlMs, 20_000))
         payload: dict[str, Any] = {
-            "hardwareTier": "unknown",
+            "hardwareTier": self.hardware_tier or "unknown",
             "backends": [] if not accepting else [
                 {"type": b.engine.kind, "healthy": b.healthy, "modelsLoaded": [m.id for m in b.snapshot.result.models]}
                 for b in backends if b.snapshot.result.running
@@ -115,6 +128,10 @@ class Node:
         identity = self.identity.get()
         if identity is not None:
             payload["nodeUuid"] = identity.node_uuid
+        payload.update(self.pressure.capabilities_fields())
+        containers = self.containers.current()
+        if containers is not None and self.settings.current.poolShareContainerStats:
+            payload["containers"] = containers  # a health signal: not blanked by acceptingWork
         return payload
 
     @property
@@ -138,9 +155,13 @@ class Node:
         for engine in self.local.engines:
             log.info("engine %s at %s (%s)", engine.kind, engine.base_url, engine.config.source)
         self.health.start()
+        self.pressure.start()
+        self.containers.start()
 
     async def stop(self) -> None:
         await self.health.stop()
+        await self.pressure.stop()
+        await self.containers.stop()
         await self.peer_client.close()
         if self._session is not None:
             await self._session.close()

@@ -18,6 +18,7 @@ from typing import Any
 from hubpool_core.local_engines import LocalBackend
 from hubpool_core.models_ids import fold_model_id, same_model
 from hubpool_core.peers import aware
+from hubpool_core.pressure_bands import UNKNOWN_PRESSURE, read_band
 from hubpool_core.store import PoolPeer
 
 UNKNOWN_PEER_LOAD = 1
@@ -111,7 +112,8 @@ def usable_peers(peers: list[PoolPeer], outbound: bool) -> list[PoolPeer]:
 
 
 def build_candidates(model: str, local: list[LocalBackend], peers: list[PoolPeer], load: Load, *,
-                     local_affinity: int, pressure_weight: int, poll_seconds: int) -> list[Candidate]:
+                     local_affinity: int, pressure_weight: int, poll_seconds: int,
+                     local_pressure: int | None = None) -> list[Candidate]:
     """Candidates in base-rank order (stable: local first, then peers in table order on ties)."""
     out: list[Candidate] = []
     for b in local:
@@ -127,15 +129,15 @@ def build_candidates(model: str, local: list[LocalBackend], peers: list[PoolPeer
         reported = caps.get("inFlightRequests") if fresh else None
         reported = reported if isinstance(reported, int) and not isinstance(reported, bool) and reported >= 0 else None
         in_flight = load.peer_load(p.id, reported)
-        band = caps.get("gpuPressure") if fresh else None
-        pressure = band if isinstance(band, int) and not isinstance(band, bool) and 0 <= band <= 3 else 1
-        pressure = max(pressure, min(3, load.forwarded.get(p.id, 0)))
+        band = read_band(caps.get("gpuPressure")) if fresh else None
+        # absent, stale or invalid is mid-band; what we forwarded there floors a claimed 0
+        pressure = max(UNKNOWN_PRESSURE if band is None else band, min(3, load.forwarded.get(p.id, 0)))
         tier = TIER_RANK.get(caps.get("hardwareTier"), UNKNOWN_TIER_RANK)
         out.append(Candidate(p.node_fqdn, backend, peer=p, score=in_flight + pressure_weight * pressure + local_affinity,
                              tier_rank=tier, pressure=pressure, in_flight=in_flight))
     for c in out:
         if c.is_local:
-            c.pressure = 1  # this node's own band arrives with the GPU-pressure sampler
+            c.pressure = UNKNOWN_PRESSURE if local_pressure is None else local_pressure
             c.score += pressure_weight * c.pressure
     if pressure_weight:
         out.sort(key=lambda c: (c.score, c.pressure, c.tier_rank))

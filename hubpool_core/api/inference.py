@@ -122,7 +122,7 @@ async def routed(request: Request) -> Response:
     budget = node.budgets.forward_ms(estimated, stream)
     ranking = build_candidates(model, backends, peers, node.load, local_affinity=settings.poolLocalAffinity,
                                pressure_weight=settings.poolPressureWeight,
-                               poll_seconds=settings.poolHealthPollSeconds)
+                               poll_seconds=settings.poolHealthPollSeconds, local_pressure=node.pressure.band)
     pinned = apply_pin(ranking, settings.poolPins, model)
     row = node.routing_log.open(
         direction="outbound", path=route, model=model, candidates=len(pinned.ranking),

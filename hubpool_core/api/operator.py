@@ -14,7 +14,10 @@ from pydantic import ValidationError
 
 from hubpool_core.config import Pin, SettingsError
 from hubpool_core.directions import resolve_directions
+from hubpool_core.containers import clamp_containers
 from hubpool_core.peers import public_peer
+from hubpool_core.placement import is_fresh
+from hubpool_core.pressure_bands import read_band, wire_source_name
 from hubpool_core.signing import normalize_peer_fqdn
 from hubpool_core.routing_log import MAX_CAPACITY, parse_since
 
@@ -97,7 +100,9 @@ async def status(request: Request) -> Response:
             "tailnet": tailnet.suffix,
             "tailscaleConnected": tailnet.connected,
             "inFlightRequests": node.load.local,
-            "hardwareTier": None,
+            "hardwareTier": node.hardware_tier,
+            "gpuPressure": node.pressure.band,
+            "gpuPressureSource": wire_source_name(node.pressure.source) if node.pressure.source else None,
             "backends": [
                 {"type": b.engine.kind, "url": b.engine.base_url, "healthy": b.healthy,
                  "modelsLoaded": [m.id for m in b.snapshot.result.models], "error": b.snapshot.result.error}
@@ -110,8 +115,7 @@ async def status(request: Request) -> Response:
                 "identityError": node.identity.error,
             },
         },
-        "peers": [public_peer(r) | {"inFlightRequests": node.load.forwarded.get(r.id, 0),
-                                    "probeFailure": _failure(node, r)} for r in rows],
+        "peers": [public_peer(r) | _peer_extras(node, r) for r in rows],
         "peerCounts": {
             "total": len(rows),
             "connected": len(connected),
@@ -124,6 +128,27 @@ async def status(request: Request) -> Response:
         "routing": node.routing_log.summary(),
     }
     return JSONResponse(payload)
+
+
+def _peer_extras(node: Any, row: Any) -> dict[str, Any]:
+    """The clamped, freshness-gated readings of a peer's snapshot — never the raw JSON."""
+    caps = row.last_capabilities if isinstance(row.last_capabilities, dict) else {}
+    fresh = is_fresh(row, node.settings.current.poolHealthPollSeconds)
+    band = read_band(caps.get("gpuPressure")) if fresh else None
+    forwarded = node.load.forwarded.get(row.id, 0)
+    return {
+        "inFlightRequests": forwarded,
+        "probeFailure": _failure(node, row),
+        "gpuPressure": max(band, min(3, forwarded)) if band is not None else None,
+        "containers": clamp_containers(caps.get("containers")) if fresh else None,
+        "maxPromptTokens": _positive(caps.get("maxPromptTokens")),
+        "maxNumCtx": _positive(caps.get("maxNumCtx")),
+        "ollamaSlots": _positive(caps.get("ollamaSlots")),
+    }
+
+
+def _positive(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _failure(node: Any, row: Any) -> dict[str, Any] | None:

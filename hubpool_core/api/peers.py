@@ -18,6 +18,7 @@ from hubpool_core.discovery import MIN_PAIR_BY_ADDRESS_PROTOCOL, discover, probe
 from hubpool_core.pairing import PairingError
 from hubpool_core.peer_client import PeerAuthError
 from hubpool_core.peer_guard import PeerRefused, admit
+from hubpool_core.containers import clamp_containers
 from hubpool_core.peers import public_peer
 from hubpool_core.store import PoolPeer
 
@@ -156,7 +157,7 @@ def _peer_row(row: PoolPeer) -> dict[str, Any]:
     caps = row.last_capabilities if isinstance(row.last_capabilities, dict) else {}
     cap = caps.get("maxNumCtx")
     out["maxNumCtx"] = cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
-    out["containers"] = None
+    out["containers"] = clamp_containers(caps.get("containers"))
     return out
 
 

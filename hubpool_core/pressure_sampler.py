@@ -1,0 +1,77 @@
+"""The GPU-pressure sampler: one reading every 10 s, off the request path, only while
+this node has a connected peer (a single node does no file reads at all)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from hubpool_core.pressure import PressureSource
+from hubpool_core.pressure_bands import BandQuantiser, wire_source_name
+
+log = logging.getLogger("hubpool.pressure")
+
+SAMPLE_INTERVAL_S = 10.0
+
+
+class PressureSampler:
+    def __init__(self, node: Any, sources: list[PressureSource]):
+        self.node = node
+        self.sources = sources  # already sorted by order
+        self.quantiser = BandQuantiser()
+        self.source: str | None = None
+        self._task: asyncio.Task | None = None
+
+    @property
+    def band(self) -> int | None:
+        return self.quantiser.band
+
+    def start(self) -> None:
+        if self.sources:
+            self._task = asyncio.ensure_future(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001
+                pass
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                if await asyncio.to_thread(self._has_connected_peer):
+                    await self.sample_once()
+            except Exception:  # noqa: BLE001 - a bad sample must not end sampling
+                log.exception("pressure sample failed")
+            await asyncio.sleep(SAMPLE_INTERVAL_S)
+
+    def _has_connected_peer(self) -> bool:
+        return any(p.status == "connected" for p in self.node.peers.all())
+
+    async def sample_once(self) -> int | None:
+        """Try the sources in order; the first that answers wins. None: cannot measure."""
+        for source in self.sources:
+            try:
+                reading = await asyncio.to_thread(source.read)
+            except Exception as exc:  # noqa: BLE001 - a plugin bug reads as "cannot measure"
+                log.debug("pressure source %s raised %s", source.name, exc)
+                reading = None
+            if isinstance(reading, (int, float)) and not isinstance(reading, bool) and 0 <= reading <= 1:
+                if self.source != source.name:
+                    self.quantiser.reset()  # a different instrument starts its own history
+                    self.source = source.name
+                return self.quantiser.feed(float(reading))
+        if self.source is not None:
+            log.info("GPU pressure is no longer measurable here; reporting none")
+        self.source = None
+        self.quantiser.reset()
+        return None
+
+    def capabilities_fields(self) -> dict[str, Any]:
+        """Omitted when unmeasured, never sent as 0 (absent means neutral, never idle)."""
+        if self.band is None or self.source is None:
+            return {}
+        return {"gpuPressure": self.band, "gpuPressureSource": wire_source_name(self.source)}

@@ -1,0 +1,92 @@
+"""Properties of the base ranker and pins (hypothesis): nothing dropped or invented, the
+pressure key absent at weight 0, local taking exact ties, pins reordering only."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from types import SimpleNamespace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hubpool_core.placement import Load, apply_pin, build_candidates
+from hubpool_core.store import PoolPeer
+
+
+def peer(i, band, reported, tier, models=("m",)):
+    caps = {"hardwareTier": tier, "acceptingWork": True, "inFlightRequests": reported,
+            "backends": [{"type": "vllm", "healthy": True, "modelsLoaded": list(models)}]}
+    if band is not None:
+        caps["gpuPressure"] = band
+    return PoolPeer(id=f"p{i}", node_fqdn=f"n{i}.example.ts.net", direction="outbound", status="connected",
+                    enabled=True, last_capabilities=caps, last_seen_at=datetime.now(timezone.utc))
+
+
+def local_backend(models=("m",)):
+    engine = SimpleNamespace(kind="ollama")
+    result = SimpleNamespace(models=[SimpleNamespace(id=m) for m in models])
+    return SimpleNamespace(engine=engine, healthy=True, snapshot=SimpleNamespace(result=result),
+                           lists=lambda model: model in models)
+
+
+peers_strategy = st.lists(st.tuples(st.one_of(st.none(), st.integers(-1, 5), st.just("2")),
+                                    st.one_of(st.none(), st.integers(0, 9)),
+                                    st.sampled_from(["high", "medium", "low", "cpu-only", "weird", None])),
+                          max_size=6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(peers_strategy, st.integers(0, 5), st.integers(0, 3), st.integers(0, 20), st.booleans())
+def test_ranking_is_a_permutation_and_weight_zero_ignores_pressure(specs, local_load, weight, affinity, with_local):
+    peers = [peer(i, *spec) for i, spec in enumerate(specs)]
+    load = Load()
+    load.local = local_load
+    local = [local_backend()] if with_local else []
+    ranking = build_candidates("m", local, peers, load, local_affinity=affinity, pressure_weight=weight,
+                               poll_seconds=30)
+    assert sorted(c.node for c in ranking) == sorted(["local"] * len(local) + [p.node_fqdn for p in peers])
+    if weight == 0:
+        flat = [peer(i, None, s[1], s[2]) for i, s in enumerate(specs)]
+        again = build_candidates("m", local, flat, load, local_affinity=affinity, pressure_weight=0,
+                                 poll_seconds=30)
+        assert [c.node for c in again] == [c.node for c in ranking]
+
+
+@given(st.integers(0, 5), st.integers(0, 20))
+def test_local_takes_an_exact_tie(load_value, affinity):
+    load = Load()
+    load.local = load_value + affinity
+    p = peer(0, None, load_value, "high")
+    ranking = build_candidates("m", [local_backend()], [p], load, local_affinity=affinity, pressure_weight=0,
+                               poll_seconds=30)
+    assert ranking[0].node == "local"
+
+
+def test_a_peer_claiming_zero_pressure_is_floored_by_what_we_forwarded():
+    # equal queues (two each); the liar claims an idle GPU, the honest peer cannot measure
+    liar, honest = peer(0, 0, None, "low"), peer(1, None, 2, "low")
+    load = Load()
+    load.forwarded[liar.id] = 2
+    ranking = build_candidates("m", [], [liar, honest], load, local_affinity=1, pressure_weight=1, poll_seconds=30)
+    assert [c.node for c in ranking] == [honest.node_fqdn, liar.node_fqdn]
+    assert ranking[1].pressure == 2  # the claimed 0 is floored by the two requests we forwarded
+    # with nothing forwarded there, the same claim of 0 would win: the floor is what stops it
+    unloaded = peer(0, 0, 2, "low")
+    ranking = build_candidates("m", [], [unloaded, honest], Load(), local_affinity=1, pressure_weight=1,
+                               poll_seconds=30)
+    assert ranking[0].node == unloaded.node_fqdn
+
+
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=6), st.integers(0, 6), st.booleans())
+def test_a_pin_only_reorders(loads, target, pin_local):
+    peers = [peer(i, None, load, "low") for i, load in enumerate(loads)]
+    ranking = build_candidates("m", [local_backend()], peers, Load(), local_affinity=1, pressure_weight=0,
+                               poll_seconds=30)
+    pin = SimpleNamespace(scope="default", model=None, mode="prefer", targetKind="local" if pin_local else "peer",
+                          targetPeerId=None if pin_local else f"p{target}")
+    result = apply_pin(ranking, [pin], "m")
+    assert sorted(id(c) for c in result.ranking) == sorted(id(c) for c in ranking)
+    rest = [c for c in result.ranking if not (c.is_local if pin_local else c.peer_id == pin.targetPeerId)]
+    assert rest == [c for c in ranking if c in rest]  # everyone else keeps the ranker's order
+    hit = [c for c in ranking if (c.is_local if pin_local else c.peer_id == pin.targetPeerId)]
+    assert result.ranking[: len(hit)] == hit
