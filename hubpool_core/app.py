@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hubpool_core import __version__
-from hubpool_core.api import inference, local, operator, peers
+from hubpool_core.api import advice, inference, local, operator, peers
 from hubpool_core.node import Node
 
 
@@ -28,6 +28,7 @@ def create_app(node: Node) -> FastAPI:
     app.include_router(operator.build_router())
     app.include_router(peers.build_router())
     app.include_router(local.build_router())
+    app.include_router(advice.build_router())
     app.include_router(inference.build_router())
 
     @app.exception_handler(RequestValidationError)

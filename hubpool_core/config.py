@@ -165,6 +165,10 @@ class PoolSettings(BaseModel):
     poolPrefixAffinityMargin: int = Field(default=1, ge=0, le=20)
     poolSlotAwareness: int = Field(default=0, ge=0, le=1)
     poolRouteAppsAlways: bool = True
+    #: inference preferences (PATCH /api/inference/preferences): this node's context cap and
+    #: its statement of the engine's parallel slots; None is "not stated", never unlimited
+    maxNumCtx: int | None = Field(default=None, ge=256, le=1_048_576)
+    ollamaSlots: int | None = Field(default=None, ge=1, le=256)
     #: hubpool's own: the model `auto` prefers, wherever in the pool it is served (Settings → Inference)
     inferenceModel: str | None = Field(default=None, max_length=200)
     #: hubpool's own: plugins switched off by name (takes effect at the next start)
@@ -172,7 +176,8 @@ class PoolSettings(BaseModel):
 
 
 #: Keys that PATCH /settings may not write (pins have their own routes).
-NOT_PATCHABLE = {"poolPins"}
+NOT_PATCHABLE = {"poolPins", "maxNumCtx", "ollamaSlots"}
+PREFERENCE_KEYS = ("maxNumCtx", "ollamaSlots")
 
 
 def describe_range(key: str) -> str:
@@ -231,12 +236,18 @@ class SettingsStore:
             good[key] = value
         return PoolSettings(**good)
 
-    def patch(self, changes: dict[str, Any]) -> PoolSettings:
-        """Validate every key first, then write all of them or none."""
+    def patch(self, changes: dict[str, Any], allowed: tuple[str, ...] | None = None) -> PoolSettings:
+        """Validate every key first, then write all of them or none. ``allowed`` narrows the
+        keys (the preferences route writes only its own)."""
         errors: list[dict[str, Any]] = []
         for key, value in changes.items():
-            if key not in PoolSettings.model_fields or key in NOT_PATCHABLE:
-                hint = " (pins are written through /api/inference/pool/pins)" if key in NOT_PATCHABLE else ""
+            refused = key not in allowed if allowed is not None else (key in NOT_PATCHABLE)
+            if key not in PoolSettings.model_fields or refused:
+                hint = ""
+                if key == "poolPins":
+                    hint = " (pins are written through /api/inference/pool/pins)"
+                elif key in PREFERENCE_KEYS:
+                    hint = " (write it through PATCH /api/inference/preferences)"
                 errors.append({"key": key, "message": f"{key} is not a setting this route writes{hint}"})
                 continue
             try:

@@ -77,9 +77,10 @@ def hubpool_register_cli_commands(app: Any) -> None:
 
 @hookspec
 def hubpool_register_doctor_checks(register: Callable[[str, Callable[..., Any]], None]) -> None:
-    """Register ``hubpool doctor`` checks as ``register(check_id, check)``. ``check``
-    takes the node's status payload and returns ``(level, message)`` with level one of
-    ``ok``, ``warn`` or ``fail``; the message says what to do next."""
+    """Register ``hubpool doctor`` checks as ``register(check_id, check)``. ``check`` takes
+    the running node (read it, never change it: its ``settings.current``, ``peers.all()``,
+    ``local.engines``) and returns ``(level, message)`` with level one of ``ok``, ``warn`` or
+    ``fail``; the message says what to do next. A raising check is reported as a warning."""
 
 
 @hookspec

@@ -13,6 +13,7 @@ import aiohttp
 from hubpool_core.config import EnvSettings, SettingsStore, env_int
 from hubpool_core.credentials import KeyStore
 from hubpool_core.directions import Directions, resolve_directions
+from hubpool_core.handout import effective_ceiling
 from hubpool_core.health import HealthPoller
 from hubpool_core.identity import IdentityStore, node_secret_path
 from hubpool_core.local_engines import LocalEngines, build_engines
@@ -129,6 +130,11 @@ class Node:
         if identity is not None:
             payload["nodeUuid"] = identity.node_uuid
         payload.update(self.pressure.capabilities_fields())
+        ceiling, _ = effective_ceiling(self.env, self.settings.current)
+        for key, value in (("maxPromptTokens", ceiling), ("maxNumCtx", self.settings.current.maxNumCtx),
+                           ("ollamaSlots", self.settings.current.ollamaSlots)):
+            if value is not None:  # omitted when there is none, as older builds send
+                payload[key] = value
         containers = self.containers.current()
         if containers is not None and self.settings.current.poolShareContainerStats:
             payload["containers"] = containers  # a health signal: not blanked by acceptingWork

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from hubpool_core.config import Pin, SettingsError
 from hubpool_core.directions import resolve_directions
 from hubpool_core.containers import clamp_containers
+from hubpool_core.handout import effective_ceiling
 from hubpool_core.peers import public_peer
 from hubpool_core.placement import is_fresh
 from hubpool_core.pressure_bands import read_band, wire_source_name
@@ -90,6 +91,7 @@ async def status(request: Request) -> Response:
     connected = [r for r in rows if r.status == "connected"]
     identity = node.identity.get()
     now = int(time.time() * 1000)
+    ceiling, set_by = effective_ceiling(node.env, settings)
     payload: dict[str, Any] = {
         **d.status_fields(connected_peers=len(connected),
                           connected_enabled_peers=sum(1 for r in connected if r.enabled)),
@@ -101,6 +103,10 @@ async def status(request: Request) -> Response:
             "tailscaleConnected": tailnet.connected,
             "inFlightRequests": node.load.local,
             "hardwareTier": node.hardware_tier,
+            "maxPromptTokens": ceiling,
+            "maxPromptTokensSetBy": set_by,
+            "maxNumCtx": settings.maxNumCtx,
+            "ollamaSlots": settings.ollamaSlots,
             "gpuPressure": node.pressure.band,
             "gpuPressureSource": wire_source_name(node.pressure.source) if node.pressure.source else None,
             "backends": [

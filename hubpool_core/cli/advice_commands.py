@@ -1,0 +1,107 @@
+"""CLI verbs that advise and state preferences: doctor, handout, ceiling, context-cap, slots."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+from urllib.parse import urlencode
+
+import typer
+
+from hubpool_core.cli.main import JsonOption, UrlOption, _client, _fail, app, out
+from hubpool_core.cli.client import NodeError
+
+MARK = {"ready": "✓", "warning": "!", "needs action": "✗"}
+
+
+@app.command()
+def doctor(url: Optional[str] = UrlOption, as_json: bool = JsonOption) -> None:
+    """Check whether this node can pool and peers will reach it; exits 1 when something needs action."""
+    try:
+        data = _client(url).get("/api/inference/pool/doctor")
+    except NodeError as exc:
+        _fail(str(exc))
+    if as_json:
+        print(json.dumps(data, indent=2))
+    else:
+        for c in data["checks"]:
+            out.print(f"{MARK.get(c['verdict'], '?')} {c['id']:<3} {c['title']}: {c['detail']}", highlight=False)
+            if c.get("fix") and c["verdict"] != "ready":
+                out.print(f"      fix: {c['fix']}", highlight=False)
+    if not data["ok"]:
+        raise typer.Exit(1)
+
+
+@app.command()
+def handout(tools: bool = typer.Option(False, "--tools", help="The client needs tool calling."),
+            min_context: Optional[int] = typer.Option(None, "--min-context", min=1,
+                                                      help="The smallest context window the client accepts."),
+            env_lines: bool = typer.Option(False, "--env", help="Print only KEY=VALUE lines for a .env file."),
+            url: Optional[str] = UrlOption, as_json: bool = JsonOption) -> None:
+    """Say what a client should be configured with: base URLs, the model, and num_ctx."""
+    query = {"tools": "true"} if tools else {}
+    if min_context:
+        query["minContext"] = str(min_context)
+    try:
+        data = _client(url).get("/api/inference/pool/handout" + ("?" + urlencode(query) if query else ""))
+    except NodeError as exc:
+        _fail(str(exc))
+    if as_json:
+        print(json.dumps(data, indent=2))
+        return
+    if env_lines:
+        for key, value in data["env"].items():
+            print(f"{key}={value}")
+        return
+    out.print(f"OpenAI base URL  {data['openaiBaseUrl']}\nOllama base URL  {data['ollamaBaseUrl']}", highlight=False)
+    out.print(f"Model            {data['model'] or '-'}  (served by {', '.join(data['servedBy']) or 'nobody'})",
+              highlight=False)
+    out.print(f"num_ctx          {data['numCtx'] or 'the engine default (no window known, no cap)'}", highlight=False)
+    for w in data["warnings"]:
+        out.print(f"warning: {w}", highlight=False)
+    out.print("\n" + "\n".join(f"{k}={v}" for k, v in data["env"].items()), highlight=False)
+
+
+def _number_or_clear(value: str, what: str) -> Optional[int]:
+    if value == "clear":
+        return None
+    if not value.isdigit():
+        _fail(f"{what} takes a whole number or `clear`")
+    return int(value)
+
+
+@app.command()
+def ceiling(value: str = typer.Argument(..., help="Largest estimated prompt in tokens (1024–1048576), or `clear`."),
+            url: Optional[str] = UrlOption) -> None:
+    """Set this node's prompt ceiling (poolMaxPromptTokens): longer prompts go elsewhere first."""
+    number = _number_or_clear(value, "ceiling")
+    try:
+        data = _client(url).patch("/api/inference/pool/settings", {"poolMaxPromptTokens": number})
+    except NodeError as exc:
+        _fail(str(exc))
+    out.print(f"Prompt ceiling: {data['poolMaxPromptTokens'] or 'none'}")
+
+
+@app.command("context-cap")
+def context_cap(value: str = typer.Argument(..., help="The engine's context length (num_ctx), or `clear`."),
+                url: Optional[str] = UrlOption) -> None:
+    """State this node's context cap (maxNumCtx): the window its engine runs without reloading."""
+    number = _number_or_clear(value, "context-cap")
+    try:
+        data = _client(url).patch("/api/inference/preferences", {"maxNumCtx": number})
+    except NodeError as exc:
+        _fail(str(exc))
+    out.print(f"Context cap: {data['maxNumCtx'] or 'none'}")
+
+
+@app.command()
+def slots(value: str = typer.Argument(..., help="Requests the engine runs at once (OLLAMA_NUM_PARALLEL), "
+                                                "or `clear`."),
+          url: Optional[str] = UrlOption) -> None:
+    """State how many requests this node's engine runs at once (ollamaSlots)."""
+    number = _number_or_clear(value, "slots")
+    try:
+        data = _client(url).patch("/api/inference/preferences", {"ollamaSlots": number})
+    except NodeError as exc:
+        _fail(str(exc))
+    out.print(f"Slots: {data['ollamaSlots'] or 'not stated'}")

@@ -1,0 +1,132 @@
+"""`hubpool doctor`: can this node pool, and will peers reach it. Each check has an ID, a
+verdict (ready, warning, needs action) and the command that fixes it."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+log = logging.getLogger("hubpool.doctor")
+
+READY, WARNING, ACTION = "ready", "warning", "needs action"
+_LEVELS = {"ok": READY, "warn": WARNING, "fail": ACTION}
+
+
+def _check(check_id: str, title: str, verdict: str, detail: str, fix: str | None = None) -> dict[str, Any]:
+    return {"id": check_id, "title": title, "verdict": verdict, "detail": detail, "fix": fix}
+
+
+async def run_checks(node: Any) -> list[dict[str, Any]]:
+    checks = []
+    tailnet = await node.tailnet.status()
+    name = await node.tailnet.self_fqdn()
+    if not tailnet.connected:
+        checks.append(_check("C1", "Tailnet name", ACTION, tailnet.error or "this node is not on a tailnet",
+                             "run `tailscale up` on this machine (and turn on MagicDNS for the tailnet)"))
+    elif not name:
+        checks.append(_check("C1", "Tailnet name", ACTION, "Tailscale is connected but this node has no MagicDNS name",
+                             "turn on MagicDNS in the Tailscale admin console (DNS), then run doctor again"))
+    else:
+        checks.append(_check("C1", "Tailnet name", READY, name))
+    if tailnet.serving is True:
+        checks.append(_check("C2", "Published over Tailscale", READY, f"https://{name} fronts this node"))
+    else:
+        host, port = node.env.host_port
+        checks.append(_check("C2", "Published over Tailscale", WARNING,
+                             "cannot tell whether `tailscale serve` publishes this node; peers dial https://<name>",
+                             f"tailscale serve --bg --https=443 http://{host}:{port}"))
+    directions = node.directions()
+    if directions.master.enabled:
+        checks.append(_check("P1", "Pooling switched on", READY, "pooling is on"))
+    else:
+        fix = ("remove HUB_POOL_USER_DISABLED from this node's environment and restart it"
+               if directions.master.disabled_by == "env" else "hubpool enable")
+        checks.append(_check("P1", "Pooling switched on", ACTION, directions.describe_master(), fix))
+    backends = await node.local.read(0)
+    down = [b for b in backends if not b.healthy]
+    up = [b for b in backends if b.healthy]
+    for b in down:
+        env_var = b.engine.env_var
+        # an engine left at its default URL that is not running is simply not installed here
+        if b.engine.config.source == "default" and not b.snapshot.result.running:
+            continue
+        checks.append(_check("E1", f"Engine {b.engine.kind}", ACTION,
+                             f"{b.engine.base_url}: {b.snapshot.result.error or 'not healthy'}",
+                             f"check that {b.engine.kind} runs and answers at that address from where this node "
+                             f"runs (firewall, bind address), or set {env_var}"))
+    if up:
+        checks.append(_check("E1", "Engines", READY, ", ".join(f"{b.engine.kind} ({len(b.snapshot.result.models)} "
+                                                               f"models)" for b in up)))
+    elif not any(c["id"] == "E1" for c in checks):
+        checks.append(_check("E1", "Engines", WARNING, "no engine answers on this node; it can only forward work",
+                             "set OLLAMA_URL, VLLM_URL, LLAMACPP_URL, LEMONADE_URL or OMLX_URL"))
+    refusing = []
+    for row in node.peers.all():
+        failure = node.health.failures.get(row.id)
+        if failure and failure.kind in ("identity_changed", "unauthorized"):
+            refusing.append((row.node_fqdn, failure))
+    if refusing:
+        for fqdn, failure in refusing:
+            words = "identity changed" if failure.kind == "identity_changed" else "credentials refused"
+            checks.append(_check("F1", f"Peer {fqdn}", ACTION, f"{words} (HTTP {failure.http_status})",
+                                 failure.as_json()["action"]))
+    else:
+        checks.append(_check("F1", "Peers accept this node", READY, "no peer refuses this node"))
+    checks.append(_caps_check(node))
+    checks.append(_clock_check(node))
+    for check_id, fn in sorted(node.plugins.doctor_checks.items()):
+        try:
+            level, message = fn(node)
+            checks.append(_check(check_id, check_id, _LEVELS.get(level, WARNING), message))
+        except Exception as exc:  # noqa: BLE001 - a plugin's check failing is itself a warning
+            checks.append(_check(check_id, check_id, WARNING, f"the check raised {type(exc).__name__}: {exc}"))
+    return checks
+
+
+def _caps_check(node: Any) -> dict[str, Any]:
+    own = node.settings.current.maxNumCtx
+    caps: dict[str, int | None] = {"this node": own}
+    for row in node.peers.all():
+        if row.status != "connected" or not isinstance(row.last_capabilities, dict):
+            continue
+        value = row.last_capabilities.get("maxNumCtx")
+        caps[row.node_fqdn] = value if isinstance(value, int) and value > 0 else None
+    capped = {n: c for n, c in caps.items() if c is not None}
+    if not capped:
+        return _check("F2", "Context caps", READY, "no node states a context cap")
+    uncapped = [n for n, c in caps.items() if c is None]
+    if uncapped:
+        return _check("F2", "Context caps", WARNING,
+                      f"{', '.join(uncapped)} state no cap among capped nodes: they read as 'takes any window' and "
+                      "collect exactly the windows their engine may not run",
+                      "hubpool context-cap <the engine's context length> on each of them")
+    if len(set(capped.values())) > 1:
+        return _check("F2", "Context caps", WARNING, "caps disagree: " + ", ".join(f"{n}={c}" for n, c in capped.items())
+                      + " (a low-capped node stops taking large windows while passing every health check)")
+    return _check("F2", "Context caps", READY, f"every node caps at {next(iter(capped.values()))}")
+
+
+def _clock_check(node: Any) -> dict[str, Any]:
+    from datetime import datetime
+
+    worst = None
+    for row in node.peers.all():
+        caps = row.last_capabilities if isinstance(row.last_capabilities, dict) else {}
+        stamp, seen = caps.get("updatedAt"), row.last_seen_at
+        if not isinstance(stamp, str) or seen is None:
+            continue
+        try:
+            theirs = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+        except ValueError:
+            continue
+        from hubpool_core.peers import aware
+
+        skew = abs((theirs - aware(seen)).total_seconds())
+        if worst is None or skew > worst[1]:
+            worst = (row.node_fqdn, skew)
+    if worst is None:
+        return _check("T1", "Clocks", READY, "no peer to compare with")
+    if worst[1] > 240:
+        return _check("T1", "Clocks", ACTION, f"{worst[0]} is {worst[1]:.0f} s away from this node's clock; signed "
+                      "requests allow 300 s", "enable NTP (timedatectl set-ntp true) on both machines")
+    return _check("T1", "Clocks", READY, f"peers within {worst[1]:.0f} s")

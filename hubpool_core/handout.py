@@ -1,0 +1,58 @@
+"""The handout: what a client should be configured with to use the pool (spec: Context caps,
+the handout half; The auto alias). Pure functions over the node's snapshot."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hubpool_core.models_ids import same_model
+from hubpool_core.placement import choose_auto_model
+
+
+def effective_ceiling(env: Any, settings: Any) -> tuple[int | None, str | None]:
+    """(maxPromptTokens, setBy): HUB_POOL_MAX_PROMPT_TOKENS wins when it is a whole number
+    in 1024..1048576; anything else is ignored rather than guessed at."""
+    from hubpool_core.config import env_int
+
+    from_env = env_int(env.max_prompt_tokens, minimum=1024, maximum=1_048_576)
+    if from_env is not None:
+        return from_env, "env"
+    if settings.poolMaxPromptTokens is not None:
+        return settings.poolMaxPromptTokens, "setting"
+    return None, None
+
+
+def build_handout(*, base_url: str, offers: dict[str, set[str]], windows: dict[str, int],
+                  caps: dict[str, int | None], preferred: str | None, tools: bool, min_context: int | None
+                  ) -> dict[str, Any]:
+    """``offers``: model → nodes serving it; ``windows``: model → a window an engine states;
+    ``caps``: node → its advertised maxNumCtx (None: takes any window; a node absent from the
+    map is one this node knows nothing about, and is treated as uncapped too)."""
+    warnings: list[str] = []
+    eligible = dict(offers)
+    if min_context:
+        eligible = {m: n for m, n in offers.items() if windows.get(m) is None or windows[m] >= min_context}
+    model = choose_auto_model(eligible, preferred)
+    if tools:
+        warnings.append("tool calling is not known for any model in the pool yet; the choice assumes it works")
+    if model is None:
+        return {"model": None, "numCtx": None, "servedBy": [], "warnings": warnings + [
+            "no chat model in the pool fits: load a chat model on any node, or lower minContext"],
+            "openaiBaseUrl": base_url + "/v1", "ollamaBaseUrl": base_url, "env": {}}
+    nodes = sorted(offers[model])
+    node_caps = [caps.get(n) for n in nodes]
+    # the largest cap among the nodes that serve the model, and none when any node has none
+    cap = None if any(c is None for c in node_caps) else max(node_caps)
+    window = next((w for m, w in windows.items() if same_model(m, model)), None)
+    candidates = [v for v in (window, cap) if v]
+    num_ctx = min(candidates) if candidates else None
+    if cap is not None and min_context and cap < min_context:
+        warnings.append(f"every node serving {model} caps the window at {cap}, below this client's floor of "
+                        f"{min_context}: raise the engine's context and the cap together, or keep this client "
+                        "off those nodes")
+    env = {"OPENAI_BASE_URL": base_url + "/v1", "OPENAI_API_BASE": base_url + "/v1", "OLLAMA_HOST": base_url,
+           "CI_LLM_BASE_URL": base_url + "/v1", "CI_LLM_MODEL": model}
+    if num_ctx:
+        env["CI_LLM_NUM_CTX"] = str(num_ctx)
+    return {"openaiBaseUrl": base_url + "/v1", "ollamaBaseUrl": base_url, "model": model, "numCtx": num_ctx,
+            "servedBy": nodes, "warnings": warnings, "env": env}

@@ -1,0 +1,127 @@
+"""Preferences, the client handout and doctor, through running nodes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from harness import RunningNode, fqdn, make_pool
+from hubpool_sim import SimConfig, SimModel, run_in_thread
+
+P = "/api/inference/pool"
+
+
+def cli(node, *args):
+    env = {**os.environ, "HUB_POOL_DATA_DIR": str(node.env.data_dir), "HUB_POOL_LISTEN": f"127.0.0.1:{node.port}",
+           "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "hubpool_core.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=60, stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture
+def node(tmp_path):
+    cfg = SimConfig(flavor="vllm", models=[SimModel("qwen3:8b", window=32768), SimModel("tiny:1b", window=4096)])
+    with run_in_thread(cfg) as sim, RunningNode(tmp_path / "n", {"VLLM_URL": sim.url}) as n:
+        yield n
+
+
+def test_preferences_round_trip_and_are_advertised(node):
+    with node.client(headers=node.headers()) as c:
+        assert c.get("/api/inference/preferences").json() == {"maxNumCtx": None, "ollamaSlots": None}
+        assert c.patch("/api/inference/preferences", json={"maxNumCtx": 16384, "ollamaSlots": 4}).status_code == 200
+        bad = c.patch("/api/inference/preferences", json={"maxNumCtx": 10, "ollamaSlots": 2})
+        assert bad.status_code == 422 and "maxNumCtx" in bad.json()["error"]
+        assert c.get("/api/inference/preferences").json() == {"maxNumCtx": 16384, "ollamaSlots": 4}
+        assert c.patch(P + "/settings", json={"maxNumCtx": 1}).status_code == 422  # not a pool setting
+        local = c.get(P + "/status").json()["localNode"]
+    assert local["maxNumCtx"] == 16384 and local["ollamaSlots"] == 4
+    assert cli(node, "context-cap", "clear").returncode == 0
+    assert cli(node, "slots", "2").stdout.strip() == "Slots: 2"
+
+
+def test_the_ceiling_env_override_wins_and_is_reported(tmp_path):
+    with RunningNode(tmp_path / "n", {"HUB_POOL_MAX_PROMPT_TOKENS": "20000"}) as n, n.client(headers=n.headers()) as c:
+        c.patch(P + "/settings", json={"poolMaxPromptTokens": 16000})
+        local = c.get(P + "/status").json()["localNode"]
+        assert (local["maxPromptTokens"], local["maxPromptTokensSetBy"]) == (20000, "env")
+    with RunningNode(tmp_path / "m", {"HUB_POOL_MAX_PROMPT_TOKENS": "12.5k"}) as n, n.client(headers=n.headers()) as c:
+        c.patch(P + "/settings", json={"poolMaxPromptTokens": 16000})
+        local = c.get(P + "/status").json()["localNode"]
+        assert (local["maxPromptTokens"], local["maxPromptTokensSetBy"]) == (16000, "setting")  # ignored, not guessed
+
+
+def test_the_handout_names_urls_model_and_window(node):
+    r = httpx.get(node.url + P + "/handout")
+    assert r.status_code == 200
+    h = r.json()
+    assert h["openaiBaseUrl"] == node.url + "/v1" and h["ollamaBaseUrl"] == node.url
+    assert h["model"] == "qwen3:8b" and h["numCtx"] == 32768 and h["servedBy"] == ["local"]
+    assert h["env"]["CI_LLM_NUM_CTX"] == "32768" and h["env"]["OLLAMA_HOST"] == node.url
+    with node.client(headers=node.headers()) as c:
+        c.patch("/api/inference/preferences", json={"maxNumCtx": 16384})
+    assert httpx.get(node.url + P + "/handout").json()["numCtx"] == 16384  # capped
+    floor = httpx.get(node.url + P + "/handout?minContext=20000").json()  # the window fits, the cap does not
+    assert floor["model"] == "qwen3:8b" and any("below this client's floor" in w for w in floor["warnings"])
+    none = httpx.get(node.url + P + "/handout?minContext=64000").json()  # no model's window fits
+    assert none["model"] is None and none["warnings"]
+    out = cli(node, "handout", "--env")
+    assert out.returncode == 0 and "CI_LLM_MODEL=qwen3:8b" in out.stdout
+    assert httpx.get(node.url + P + "/handout", headers={"cf-ray": "x"}).status_code == 401
+
+
+def test_the_handout_caps_at_the_largest_cap_among_serving_nodes(tmp_path):
+    with run_in_thread(SimConfig(flavor="vllm", models=[SimModel("big:30b", window=65536)])) as sim_b, \
+            run_in_thread(SimConfig(flavor="vllm", models=[SimModel("big:30b", window=65536)])) as sim_c:
+        nodes = make_pool(tmp_path, ["hub-a", "hub-b", "hub-c"],
+                          per_node={"hub-b": {"VLLM_URL": sim_b.url}, "hub-c": {"VLLM_URL": sim_c.url}})
+        for n in nodes.values():
+            n.start()
+        a = nodes["hub-a"]
+        try:
+            for name, cap in (("hub-b", 16384), ("hub-c", 65536)):
+                other = nodes[name]
+                with other.client(headers=other.headers()) as c:
+                    c.patch("/api/inference/preferences", json={"maxNumCtx": cap})
+                    pin = c.post(P + "/pairing-pin").json()["pin"]
+                with a.client(headers=a.headers()) as c:
+                    c.post(P + "/peers/pair", json={"nodeFqdn": fqdn(name), "pin": pin})
+                with other.client(headers=other.headers()) as c:
+                    c.post(P + f"/peers/{fqdn('hub-a')}/approve")
+            a.run(a.node.health.poll_once())
+            h = httpx.get(a.url + P + "/handout").json()
+            assert h["model"] == "big:30b" and h["numCtx"] == 65536  # the largest, not the smallest
+            with nodes["hub-c"].client(headers=nodes["hub-c"].headers()) as c:
+                c.patch("/api/inference/preferences", json={"maxNumCtx": None})
+            a.run(a.node.health.poll_once())
+            assert httpx.get(a.url + P + "/handout").json()["numCtx"] is None  # one uncapped node: no cap
+        finally:
+            for n in nodes.values():
+                n.stop()
+
+
+def test_doctor_names_an_unreachable_engine_and_exits_1(tmp_path):
+    with RunningNode(tmp_path / "n", {"OLLAMA_URL": "http://127.0.0.1:9"}) as n:
+        r = cli(n, "doctor")
+        assert r.returncode == 1
+        assert "ollama" in r.stdout and "http://127.0.0.1:9" in r.stdout and "OLLAMA_URL" in r.stdout
+        data = json.loads(cli(n, "doctor", "--json").stdout)
+        assert data["ok"] is False
+        c1 = next(c for c in data["checks"] if c["id"] == "C1")
+        assert c1["verdict"] == "needs action"  # this test node is on no tailnet
+
+
+def test_doctor_is_ready_on_a_healthy_tailnet_node(tmp_path):
+    with run_in_thread(SimConfig(flavor="ollama", models=[SimModel("m:1b")])) as sim:
+        # only Ollama is configured; the other engines are left at their defaults (not installed here)
+        defaults = {v: "" for v in ("VLLM_URL", "LLAMACPP_URL", "LEMONADE_URL", "OMLX_URL")}
+        nodes = make_pool(tmp_path, ["hub-a"], per_node={"hub-a": {"OLLAMA_URL": sim.url, **defaults}})
+        with nodes["hub-a"] as n:
+            data = json.loads(cli(n, "doctor", "--json").stdout)
+            verdicts = {c["id"]: c["verdict"] for c in data["checks"]}
+            assert verdicts["C1"] == "ready" and verdicts["E1"] == "ready" and verdicts["F1"] == "ready"
+            assert data["ok"] is True and cli(n, "doctor").returncode == 0
