@@ -329,6 +329,10 @@ class Pairing:
             data = _json(answer) or {}
             if not row.peer_public_key:
                 self._pin_claim(row.id, _valid_claim(data.get("nodeUuid"), data.get("publicKey")), grace=False)
+            elif "X-Hub-Pool-Signature" in answer.request.headers:
+                # the peer verified our signature and said yes: it holds our key, so the
+                # grace that covered "my reply may not have arrived" is over (we sign from now on)
+                self.repo.update(row.id, bearer_grace_until=None)
         except (httpx.HTTPError, RuntimeError, PeerAuthError) as exc:
             detail = f"{type(exc).__name__}" if isinstance(exc, httpx.HTTPError) else str(exc)
             log.warning("pairing confirmed locally but callback to %s failed: %s", row.node_fqdn, detail)

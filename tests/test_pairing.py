@@ -261,3 +261,16 @@ def test_pending_requests_expire_after_24_hours_on_both_sides(pool2):
         node.node.peers.update(row.id, created_at=utcnow() - timedelta(hours=24, seconds=1))
         node.node.housekeeping()
         assert rows(node) == {}
+
+
+def test_after_a_pin_pairing_either_side_may_poll_first(pool2):
+    """The approver polls the requester before the requester has sent it anything signed."""
+    a, b = pool2["hub-a"], pool2["hub-b"]
+    pin = op(b, "POST", "/pairing-pin")["pin"]
+    op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn("hub-b"), "pin": pin})
+    op(b, "POST", f"/peers/{fqdn('hub-a')}/approve")
+    b.run(b.node.health.poll_once())
+    assert b.node.health.failures == {}
+    assert b.node.peers.by_fqdn(fqdn("hub-a")).last_capabilities is not None
+    a.run(a.node.health.poll_once())
+    assert a.node.health.failures == {}
