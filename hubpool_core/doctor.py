@@ -59,7 +59,7 @@ async def run_checks(node: Any) -> list[dict[str, Any]]:
                                                                f"models)" for b in up)))
     elif not any(c["id"] == "E1" for c in checks):
         checks.append(_check("E1", "Engines", WARNING, "no engine answers on this node; it can only forward work",
-                             "set OLLAMA_URL, VLLM_URL, LLAMACPP_URL, LEMONADE_URL or OMLX_URL"))
+                             "set " + " or ".join(e.env_var for e in node.local.engines)))
     refusing = []
     for row in node.peers.all():
         failure = node.health.failures.get(row.id)

@@ -38,7 +38,7 @@ def build_handout(*, base_url: str, offers: dict[str, set[str]], windows: dict[s
     if model is None:
         return {"model": None, "numCtx": None, "servedBy": [], "warnings": warnings + [
             "no chat model in the pool fits: load a chat model on any node, or lower minContext"],
-            "openaiBaseUrl": base_url + "/v1", "ollamaBaseUrl": base_url, "env": {}}
+            "openaiBaseUrl": base_url + "/v1", "nativeBaseUrl": base_url, "env": {}}
     nodes = sorted(offers[model])
     node_caps = [caps.get(n) for n in nodes]
     # the largest cap among the nodes that serve the model, and none when any node has none
@@ -54,5 +54,5 @@ def build_handout(*, base_url: str, offers: dict[str, set[str]], windows: dict[s
            "CI_LLM_BASE_URL": base_url + "/v1", "CI_LLM_MODEL": model}
     if num_ctx:
         env["CI_LLM_NUM_CTX"] = str(num_ctx)
-    return {"openaiBaseUrl": base_url + "/v1", "ollamaBaseUrl": base_url, "model": model, "numCtx": num_ctx,
+    return {"openaiBaseUrl": base_url + "/v1", "nativeBaseUrl": base_url, "model": model, "numCtx": num_ctx,
             "servedBy": nodes, "warnings": warnings, "env": env}

@@ -127,7 +127,9 @@ class LocalEngines:
                 if task.done() and not task.cancelled():
                     out[i] = task.result()
                 else:
-                    out[i] = Snapshot(
+                    # remembered, so the next request within the TTL does not wait the budget again;
+                    # the probe keeps running and its answer replaces this when it lands
+                    out[i] = self._snapshots[i] = Snapshot(
                         ProbeResult(running=False, healthy=False,
                                     error=f"no answer within the {PLACEMENT_BUDGET_MS} ms placement budget; still probing"),
                         time.monotonic(),

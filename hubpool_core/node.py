@@ -22,7 +22,9 @@ from hubpool_core.pairing_pin import PairingPin, SourceCooldown
 from hubpool_core.peer_client import PeerClient
 from hubpool_core.peers import PeerRepo
 from hubpool_core.containers import ContainerSampler
+from hubpool_core.models_ids import fold_model_id
 from hubpool_core.placement import TIER_RANK, Load
+from hubpool_core.quarantine import Quarantine
 from hubpool_core.pressure_sampler import PressureSampler
 from hubpool_core.plugins import PluginHost, load_plugins
 from hubpool_core.proxy.relay import Budgets
@@ -49,6 +51,16 @@ class Node:
             env.disabled_plugin_names, self.settings.current.pluginsDisabled, extra_plugins
         )
         self.local = LocalEngines(build_engines(self.plugins.engines, env.environ()))
+        #: one instance per engine kind: how a peer's relayed bytes are read (dialect, verdicts)
+        self.engine_by_kind = {e.kind: e for e in self.local.engines}
+        self.output_quarantine = Quarantine()
+        self.unservable = Quarantine()
+        self.stages = []
+        for cls in self.plugins.stages:
+            try:
+                self.stages.append(cls(self))
+            except Exception as exc:  # noqa: BLE001 - one broken stage must not stop the node
+                log.warning("placement stage %s could not start: %s", getattr(cls, "name", cls), exc)
         size = env_int(env.routing_log_size, minimum=0) or DEFAULT_CAPACITY
         self.routing_log = RoutingLog(max(DEFAULT_CAPACITY, min(MAX_CAPACITY, size)))
         connect = max(15_000, env_int(env.first_byte_timeout_ms, minimum=1) or 300_000)
@@ -106,6 +118,16 @@ class Node:
                 self.peers.update(row.id, node_fqdn=seen)
                 log.info("peer %s was renamed to %s (identity beats address)", row.node_fqdn, seen)
 
+    def _advertised(self, backend: Any) -> dict[str, Any]:
+        """One engine as peers see it: a model withheld as unservable is not offered."""
+        withheld = self.unservable.withheld_models("local", backend.engine.kind)
+        models = [m.id for m in backend.snapshot.result.models]
+        entry: dict[str, Any] = {"type": backend.engine.kind, "healthy": backend.healthy,
+                                 "modelsLoaded": [m for m in models if fold_model_id(m) not in withheld]}
+        if withheld:
+            entry["unservableModels"] = [m for m in models if fold_model_id(m) in withheld]
+        return entry
+
     def directions(self) -> Directions:
         return resolve_directions(self.env, self.settings.current)
 
@@ -118,10 +140,7 @@ class Node:
         backends = await self.local.read(max(self.settings.current.poolProbeSnapshotTtlMs, 20_000))
         payload: dict[str, Any] = {
             "hardwareTier": self.hardware_tier or "unknown",
-            "backends": [] if not accepting else [
-                {"type": b.engine.kind, "healthy": b.healthy, "modelsLoaded": [m.id for m in b.snapshot.result.models]}
-                for b in backends if b.snapshot.result.running
-            ],
+            "backends": [] if not accepting else [self._advertised(b) for b in backends if b.snapshot.result.running],
             "acceptingWork": accepting,
             "inFlightRequests": self.load.local,
             "updatedAt": now_iso(),

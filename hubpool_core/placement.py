@@ -9,8 +9,10 @@ Pure functions of a snapshot: nothing here does I/O.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -20,6 +22,8 @@ from hubpool_core.models_ids import fold_model_id, same_model
 from hubpool_core.peers import aware
 from hubpool_core.pressure_bands import UNKNOWN_PRESSURE, read_band
 from hubpool_core.store import PoolPeer
+
+_log = logging.getLogger("hubpool.placement")
 
 UNKNOWN_PEER_LOAD = 1
 TIER_RANK = {"high": 0, "medium": 1, "low": 2, "cpu-only": 3, "insufficient": 4}
@@ -61,16 +65,30 @@ class Load:
         self.local = 0
         self.forwarded: dict[str, int] = {}
         self._forwarded_at_report: dict[str, int] = {}
+        #: generations in flight on each local engine: engine kind -> {(model, num_ctx): count}
+        self.local_work: dict[str, dict[tuple[str, int | None], int]] = {}
 
-    def acquire(self, peer_id: str | None) -> None:
+    def acquire(self, peer_id: str | None, work: tuple[str, str, int | None] | None = None) -> None:
+        """Count a request handed to an engine. ``work`` is (engine kind, model, num_ctx)
+        for a local engine, so contention can tell what that engine is generating."""
         if peer_id is None:
             self.local += 1
+            if work is not None:
+                slot = self.local_work.setdefault(work[0], {})
+                slot[work[1:]] = slot.get(work[1:], 0) + 1
         else:
             self.forwarded[peer_id] = self.forwarded.get(peer_id, 0) + 1
 
-    def release(self, peer_id: str | None) -> None:
+    def release(self, peer_id: str | None, work: tuple[str, str, int | None] | None = None) -> None:
         if peer_id is None:
             self.local = max(0, self.local - 1)
+            if work is not None:
+                slot = self.local_work.get(work[0], {})
+                left = slot.get(work[1:], 0) - 1
+                if left > 0:
+                    slot[work[1:]] = left
+                else:
+                    slot.pop(work[1:], None)
         else:
             self.forwarded[peer_id] = max(0, self.forwarded.get(peer_id, 0) - 1)
 
@@ -144,6 +162,78 @@ def build_candidates(model: str, local: list[LocalBackend], peers: list[PoolPeer
     else:  # the pressure key does not exist in the comparator while the weight is 0
         out.sort(key=lambda c: (c.score, c.tier_rank))
     return out
+
+
+@dataclass
+class PlacementContext:
+    """What stages may read about one request. Built once per request by the core."""
+
+    route: str
+    route_class: str  # chat | completion | embeddings | show
+    model: str
+    body: dict[str, Any]
+    estimated_tokens: int
+    settings: Any
+    #: options.num_ctx on the native routes, else None
+    num_ctx: int | None = None
+    #: the app's X-Hub-Pool-Session header when it passed the character rules
+    session_header: str | None = None
+    #: the chat and completion routes: the ones ceilings, caps and prompt-aware stages judge
+    judged: bool = False
+    #: response headers a stage wants on the answer (and on the 502), e.g. X-Hub-Pool-Affinity
+    response_headers: dict[str, str] = field(default_factory=dict)
+    #: what stages computed for the walk's observers (session keys and the like)
+    scratch: dict[str, Any] = field(default_factory=dict)
+
+
+JUDGED_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/api/chat", "/api/generate"})
+
+
+def request_num_ctx(route: str, body: dict[str, Any]) -> int | None:
+    """options.num_ctx, read only on the native routes (the OpenAI dialect carries none)."""
+    if not route.startswith("/api/"):
+        return None
+    options = body.get("options")
+    value = options.get("num_ctx") if isinstance(options, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def run_stages(stages: list[Any], ranking: list[Candidate], ctx: PlacementContext, pins: list[Any],
+               withheld: Callable[[Candidate], bool] | None = None) -> tuple[list[Candidate], dict[str, Any]]:
+    """The pipeline: stages in order, the pin at PIN_ORDER, withheld engines last.
+
+    Returns the final order and every section written (``pin`` included). A stage whose
+    ``enabled`` is false is not called; its section stays None. A stage that raises is
+    skipped for this request (logged), never fatal to placement.
+    """
+    from hubpool_core.stage import PIN_ORDER
+
+    sections: dict[str, Any] = {}
+    pinned = False
+    for stage in stages:
+        if not pinned and stage.order >= PIN_ORDER:
+            result = apply_pin(ranking, pins, ctx.model)
+            ranking, sections["pin"], pinned = result.ranking, result.section, True
+        try:
+            if not stage.enabled(ctx):
+                continue
+            before = list(ranking)
+            ranking, section = stage.apply(ranking, ctx)
+            ranking = list(ranking)
+        except Exception:  # noqa: BLE001 - one bad stage must not break placement
+            _log.exception("placement stage %s failed; skipped for this request", stage.name)
+            continue
+        if sorted(map(id, ranking)) != sorted(map(id, before)):
+            _log.error("placement stage %s added or removed a candidate; its order is ignored", stage.name)
+            ranking = before
+            continue
+        sections[stage.section] = section
+    if not pinned:
+        result = apply_pin(ranking, pins, ctx.model)
+        ranking, sections["pin"] = result.ranking, result.section
+    if withheld is not None:
+        ranking = [c for c in ranking if not withheld(c)] + [c for c in ranking if withheld(c)]
+    return ranking, sections
 
 
 @dataclass

@@ -13,15 +13,40 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 
+#: Where the core applies the operator pin among the stages: stages ordered below run before
+#: it (affinity, the splits, contention), stages at or above it run after (the much-slower
+#: rule). Withheld engines are moved last by the core after every stage.
+PIN_ORDER = 700
+
+
 class Stage(ABC):
-    """One reordering rule of placement."""
+    """One reordering rule of placement.
+
+    A stage instance is made once per node (``Stage(node)``) and called per request with a
+    :class:`hubpool_core.placement.PlacementContext`. Besides :meth:`apply`, a stage may
+    observe the walk through :meth:`placed`, :meth:`failed_over` and :meth:`exhausted`
+    (for example to remember where a session ran); those run on the request path too and
+    must be cheap and never raise.
+    """
 
     #: Plugin-visible name (``context_cap``).
     name: ClassVar[str]
     #: The routing-log row key this stage writes (``contextCap``).
     section: ClassVar[str]
-    #: Position in the pipeline, with gaps (100, 200, ...).
+    #: Position in the pipeline, with gaps (100, 200, ...); see :data:`PIN_ORDER`.
     order: ClassVar[int] = 500
+
+    def __init__(self, node: Any = None) -> None:
+        self.node = node
+
+    def placed(self, context: Any, candidate: Any) -> None:
+        """The walk is about to try ``candidate`` first (placement time)."""
+
+    def failed_over(self, context: Any, candidate: Any) -> None:
+        """The walk moved on to ``candidate`` after an earlier one failed."""
+
+    def exhausted(self, context: Any) -> None:
+        """Every candidate failed (or there was none)."""
 
     def enabled(self, context: Any) -> bool:
         """Whether the stage's own knob is on for this request. Read per request;

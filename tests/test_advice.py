@@ -59,7 +59,7 @@ def test_the_handout_names_urls_model_and_window(node):
     r = httpx.get(node.url + P + "/handout")
     assert r.status_code == 200
     h = r.json()
-    assert h["openaiBaseUrl"] == node.url + "/v1" and h["ollamaBaseUrl"] == node.url
+    assert h["openaiBaseUrl"] == node.url + "/v1" and h["nativeBaseUrl"] == node.url
     assert h["model"] == "qwen3:8b" and h["numCtx"] == 32768 and h["servedBy"] == ["local"]
     assert h["env"]["CI_LLM_NUM_CTX"] == "32768" and h["env"]["OLLAMA_HOST"] == node.url
     with node.client(headers=node.headers()) as c:

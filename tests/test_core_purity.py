@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CORE = ROOT / "hubpool_core"
 ENGINE_NAMES = re.compile(r"ollama|vllm|llama\.?cpp|llama-server|lemonade|omlx", re.IGNORECASE)
 #: wire names the spec fixes that happen to contain an engine's name; the core must speak them
-SPEC_FIELD_NAMES = {"ollamaSlots", "inferenceOllamaSlots"}
+SPEC_FIELD_NAMES = {"ollamaSlots", "inferenceOllamaSlots", "OLLAMA_HOST"}
 
 
 def _docstring_nodes(tree: ast.AST) -> set[int]:

@@ -15,7 +15,16 @@ from hubpool_core.access import inference_refusal
 from hubpool_core.engine import NATIVE, OPENAI
 from hubpool_core.local_engines import LocalBackend, listing_backends
 from hubpool_core.models_ids import fold_model_id, same_model
-from hubpool_core.placement import apply_pin, build_candidates, choose_auto_model, usable_peers
+from hubpool_core.placement import (
+    JUDGED_ROUTES,
+    PlacementContext,
+    build_candidates,
+    choose_auto_model,
+    find_pin,
+    request_num_ctx,
+    run_stages,
+    usable_peers,
+)
 from hubpool_core.proxy.relay import LOCAL_PREFIX, RelayPlan, RelayResponse
 
 POOL_PREFIX = "/api/inference/pool"
@@ -120,16 +129,27 @@ async def routed(request: Request) -> Response:
     stream = _wants_stream(dialect, route_class, body)
     estimated = -(-len(raw) // 4)
     budget = node.budgets.forward_ms(estimated, stream)
-    ranking = build_candidates(model, backends, peers, node.load, local_affinity=settings.poolLocalAffinity,
+    folded = fold_model_id(model)
+    # a model the local engine failed to serve twice is withheld: not a candidate at all
+    serving = [b for b in backends if folded not in node.unservable.withheld_models("local", b.engine.kind)]
+    ranking = build_candidates(model, serving, peers, node.load, local_affinity=settings.poolLocalAffinity,
                                pressure_weight=settings.poolPressureWeight,
                                poll_seconds=settings.poolHealthPollSeconds, local_pressure=node.pressure.band)
-    pinned = apply_pin(ranking, settings.poolPins, model)
+    session = request.headers.get("x-hub-pool-session")
+    ctx = PlacementContext(route=route, route_class=route_class, model=model, body=body, estimated_tokens=estimated,
+                           settings=settings, num_ctx=request_num_ctx(route, body),
+                           session_header=session if session and SESSION_PATTERN.fullmatch(session) else None,
+                           judged=route in JUDGED_ROUTES)
+    ordered, sections = run_stages(
+        node.stages, ranking, ctx, settings.poolPins,
+        withheld=lambda c: node.output_quarantine.withheld((c.node, c.backend, folded)))
+    pin = find_pin(settings.poolPins, model) if sections.get("pin") else None
     row = node.routing_log.open(
-        direction="outbound", path=route, model=model, candidates=len(pinned.ranking),
-        stream=stream, bodyBytes=len(raw), budgetMs=budget, pin=pinned.section,
+        direction="outbound", path=route, model=model, candidates=len(ordered),
+        stream=stream, bodyBytes=len(raw), budgetMs=budget, **sections,
     )
-    pin_note = _pin_note(pinned.pin) if pinned.pin is not None else None
-    if not pinned.ranking:
+    pin_note = _pin_note(pin) if pin is not None else None
+    if not ordered:
         message = f'No pool node currently has model "{model}" available.'
         if pin_note:
             message += " " + pin_note
@@ -138,14 +158,18 @@ async def routed(request: Request) -> Response:
                         "saw of each, and probedMsAgo how old that answer is.")
         node.routing_log.touch(row, outcome="failed", status=502, reason="no candidate", durationMs=0, totalMs=0)
         node.plugins.broadcast_request_finished(row)
+        for stage in node.stages:
+            try:
+                stage.exhausted(ctx)
+            except Exception:  # noqa: BLE001 - an observer must not break the answer
+                pass
         body_502 = {"error": message, "localBackends": await node.local.describe_for_502(backends, model)}
-        return JSONResponse(body_502, status_code=502, headers={"X-Hub-Pool-Request-Id": row["id"]})
-    extra = {}
-    session = request.headers.get("x-hub-pool-session")
-    if session and SESSION_PATTERN.fullmatch(session):
-        extra["X-Hub-Pool-Session"] = session
+        return JSONResponse(body_502, status_code=502,
+                            headers={"X-Hub-Pool-Request-Id": row["id"], **ctx.response_headers})
+    extra = {"X-Hub-Pool-Session": ctx.session_header} if ctx.session_header else {}
     plan = RelayPlan(route=route, dialect=dialect, body=body, raw=raw, model=model, stream=stream,
-                     candidates=pinned.ranking, row=row, budget_ms=budget, pin_note=pin_note, extra_headers=extra)
+                     candidates=ordered, row=row, budget_ms=budget, pin_note=pin_note, extra_headers=extra,
+                     num_ctx=ctx.num_ctx, context=ctx, observers=list(node.stages))
     return RelayResponse(node, plan)
 
 

@@ -87,8 +87,11 @@ async def forward(request: Request) -> Response:
                                reason=f"No local backend able to serve {route}")
         return JSONResponse({"error": f"No local backend able to serve {route}"}, status_code=502)
     candidates = [Candidate("local", b.engine.kind, local=b) for b in chosen[:1]]
+    from hubpool_core.placement import request_num_ctx
+
     plan = RelayPlan(route=route, dialect=dialect, body=body, raw=raw, model=model, stream=stream,
-                     candidates=candidates, row=row, budget_ms=budget, inbound_from=peer.node_fqdn)
+                     candidates=candidates, row=row, budget_ms=budget, inbound_from=peer.node_fqdn,
+                     num_ctx=request_num_ctx(route, body))
     return RelayResponse(node, plan)
 
 

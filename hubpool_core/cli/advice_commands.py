@@ -53,7 +53,7 @@ def handout(tools: bool = typer.Option(False, "--tools", help="The client needs 
         for key, value in data["env"].items():
             print(f"{key}={value}")
         return
-    out.print(f"OpenAI base URL  {data['openaiBaseUrl']}\nOllama base URL  {data['ollamaBaseUrl']}", highlight=False)
+    out.print(f"OpenAI base URL  {data['openaiBaseUrl']}\nNative base URL  {data['nativeBaseUrl']}", highlight=False)
     out.print(f"Model            {data['model'] or '-'}  (served by {', '.join(data['servedBy']) or 'nobody'})",
               highlight=False)
     out.print(f"num_ctx          {data['numCtx'] or 'the engine default (no window known, no cap)'}", highlight=False)
@@ -95,7 +95,7 @@ def context_cap(value: str = typer.Argument(..., help="The engine's context leng
 
 
 @app.command()
-def slots(value: str = typer.Argument(..., help="Requests the engine runs at once (OLLAMA_NUM_PARALLEL), "
+def slots(value: str = typer.Argument(..., help="Requests the engine runs at once (its parallel-slots setting), "
                                                 "or `clear`."),
           url: Optional[str] = UrlOption) -> None:
     """State how many requests this node's engine runs at once (ollamaSlots)."""

@@ -36,7 +36,7 @@ out = Console()
 err = Console(stderr=True)
 
 UrlOption = typer.Option(None, "--url", help="The node's base URL (default: from HUB_POOL_LISTEN).")
-JsonOption = typer.Option(False, "--json", help="Print JSON instead of a table.")
+JsonOption = typer.Option(False, "--json", help="Print JSON instead of text.")
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -90,42 +90,6 @@ def plugins(as_json: bool = JsonOption) -> None:
     out.print(table)
 
 
-@app.command()
-def status(url: Optional[str] = UrlOption, as_json: bool = JsonOption) -> None:
-    """Show whether pooling is on, this node's engines and models, and the routing summary."""
-    client = _client(url)
-    try:
-        data = client.get("/api/inference/pool/status")
-    except NodeError as exc:
-        _fail(str(exc))
-    if as_json:
-        print(json.dumps(data, indent=2))
-        return
-    mark = {"active": "✓ active", "no_peers": "○ enabled, not routing (no connected peers)",
-            "partially_disabled": "○ partly disabled", "disabled_by_env": "✗ disabled — env",
-            "disabled_by_setting": "✗ disabled — settings"}
-    out.print(f"Pooling      {mark.get(data['reason'], data['reason'])}")
-    for name in ("outbound", "inbound"):
-        d = data["directions"][name]
-        state = "on" if d["enabled"] else f"off ({d['disabledBy']})"
-        out.print(f"{name.capitalize():<12} {state}")
-    s = data["settings"]
-    out.print(f"Settings     poolEnabled={s['poolEnabled']} · outbound={s['poolOutboundEnabled']} · "
-              f"inbound={s['poolInboundEnabled']} · localAffinity={s['poolLocalAffinity']} · "
-              f"healthPoll={s['poolHealthPollSeconds']}s")
-    r = data["routing"]
-    out.print(f"Routing log  {r['recorded']}/{r['capacity']} recorded · {r['served']} served · {r['failed']} failed "
-              f"({r['clientClosed']} abandoned by the caller, {r['requestErrors']} refused as bad requests) · "
-              f"{r['failovers']} failover(s)")
-    out.print("\nThis node")
-    out.print(f"  In flight  {data['localNode']['inFlightRequests']}")
-    for b in data["localNode"]["backends"]:
-        tick = "✓" if b["healthy"] else "✗"
-        note = f"  ({b['error']})" if b.get("error") and not b["healthy"] else ""
-        out.print(f"  Engine     {b['type']:<10} {tick} {len(b['modelsLoaded'])} models  {b['url']}{note}",
-                  highlight=False)
-
-
 @app.command("settings")
 def settings_cmd(
     changes: list[str] = typer.Argument(None, help="KEY=VALUE pairs to change, e.g. poolLocalAffinity=2. "
@@ -151,37 +115,6 @@ def settings_cmd(
     except NodeError as exc:
         _fail(str(exc))
     print(json.dumps(data, indent=2))
-
-
-@app.command("log")
-def log_cmd(
-    limit: int = typer.Option(20, "--limit", min=1, max=200, help="How many decisions (1–200)."),
-    url: Optional[str] = UrlOption,
-    as_json: bool = JsonOption,
-) -> None:
-    """Show recent routing decisions, newest first."""
-    client = _client(url)
-    try:
-        data = client.get(f"/api/inference/pool/routing-log?limit={limit}")
-    except NodeError as exc:
-        _fail(str(exc))
-    if as_json:
-        print(json.dumps(data, indent=2))
-        return
-    table = Table(box=None, pad_edge=False)
-    for col in ("TIME", "DIR", "MODEL", "NODE", "ATT", "MS", "TOTAL", "OUTCOME"):
-        table.add_column(col)
-    for e in data["entries"]:
-        outcome = f"✓ served {e['status']}" if e["outcome"] == "served" else (
-            "… pending" if e["outcome"] == "pending" else f"✗ failed {e['status'] or '-'}")
-        table.add_row(e["at"][:19].replace("T", " ") + "Z", "in" if e["direction"] == "inbound" else "out",
-                      (e["model"] or "-")[:20], e["node"] or "-", f"{e['attempt']}/{e['candidates']}",
-                      str(e["durationMs"] if e["durationMs"] is not None else "-"),
-                      str(e["totalMs"] if e["totalMs"] is not None else "-"), outcome)
-    out.print(table)
-    for e in data["entries"]:
-        if e.get("reason") and e["outcome"] != "served":
-            out.print(f"  ↳ {e['id'][:8]}: {e['reason']}", highlight=False)
 
 
 # -- api keys (local: they live in this machine's store) ------------------------------
@@ -243,6 +176,9 @@ def api_key_revoke(key_id: str = typer.Argument(..., help="The key's id, id pref
 
 
 def main() -> None:
+    for stream in (sys.stdout, sys.stderr):  # a terminal that cannot show ✓ gets '?', never a traceback
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="replace")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
         from hubpool_core.plugins import load_plugins
@@ -258,5 +194,6 @@ def main() -> None:
     app()
 
 
-# the pairing verbs live in their own module; importing it registers them on `app`
-from hubpool_core.cli import pairing_commands  # noqa: E402,F401
+# the other verbs live in their own modules; importing them registers them on `app`
+from hubpool_core.cli import status_commands, log_commands, pin_commands, pairing_commands  # noqa: E402,F401,I001
+from hubpool_core.cli import advice_commands  # noqa: E402,F401

@@ -13,6 +13,7 @@ import typer
 from rich.table import Table
 
 from hubpool_core.cli.client import NodeError
+from hubpool_core.cli.format import peers_table, when
 from hubpool_core.cli.main import JsonOption, UrlOption, _client, _fail, app, err, out
 
 P = "/api/inference/pool"
@@ -41,7 +42,7 @@ def _call(url: Optional[str], method: str, path: str, body: Any = None) -> Any:
 
 
 def _when(value: Optional[str]) -> str:
-    return value[:19].replace("T", " ") + "Z" if value else "-"
+    return when(value)
 
 
 @app.command()
@@ -123,8 +124,11 @@ def pair(node: str = typer.Argument(..., help="The other Hub's tailnet name, or 
 
 
 @app.command()
-def peers(url: Optional[str] = UrlOption, as_json: bool = JsonOption) -> None:
-    """List paired and pending peers (the ID prefix is what approve, reject and unpair take)."""
+def peers(url: Optional[str] = UrlOption,
+          as_json: bool = typer.Option(False, "--json", help="Print the node's peer list as JSON instead of a "
+                                                              "table.")) -> None:
+    """List paired and pending peers, with the same columns as `hubpool status` plus AUTH
+    (the ID prefix is what approve, reject, unpair and pin take)."""
     rows = _call(url, "GET", P + "/peers")
     if as_json:
         print(json.dumps(rows, indent=2))
@@ -132,15 +136,18 @@ def peers(url: Optional[str] = UrlOption, as_json: bool = JsonOption) -> None:
     if not rows:
         out.print("No peers. Find one with `hubpool discover` or `hubpool probe <address>`.")
         return
-    table = Table(box=None, pad_edge=False)
-    for col in ("ID", "NODE", "DIR", "STATUS", "LAST SEEN", "CONTEXT", "AUTH"):
-        table.add_column(col)
-    for r in rows:
-        status = r["status"] + ("/off" if not r["enabled"] else "")
-        ctx = str(r["maxNumCtx"]) if r.get("maxNumCtx") else ("none" if r.get("lastCapabilities") else "?")
-        table.add_row(r["id"][:8], r["nodeFqdn"], "in" if r["direction"] == "inbound" else "out", status,
-                      _when(r["lastSeenAt"]), ctx, r["authMode"])
-    out.print(table)
+    try:  # queue depth and probe verdicts are live figures only status carries
+        live = {p["id"]: p for p in _client(url).get(P + "/status").get("peers") or []}
+    except NodeError:
+        live = {}
+    merged = [{**r, **{k: live.get(r["id"], {}).get(k) for k in ("inFlightRequests", "probeFailure")}}
+              for r in rows]
+    print("\n".join(peers_table(merged, extra=(("AUTH", 6),), extra_cells=lambda r: [r.get("authMode") or "-"])))
+    waiting = [r for r in rows if r["direction"] == "inbound" and r["status"] == "pending"]
+    for r in waiting:
+        key = f", key fingerprint {r['peerKeyFingerprint']}" if r.get("peerKeyFingerprint") else ""
+        print(f"\n{r['nodeFqdn']} asks to pair{key}. If you recognise it, run `hubpool approve {r['id'][:8]}`"
+              f" (or `hubpool reject {r['id'][:8]}`).")
 
 
 def _peer_action(ident: str, action: str, url: Optional[str], method: str = "POST") -> Any:

@@ -20,9 +20,17 @@ from typing import Any
 import aiohttp
 from starlette.responses import Response
 
-from hubpool_core.engine import OPENAI
+from hubpool_core.engine import OPENAI, REQUEST_ERROR_SIGNATURES
+from hubpool_core.models_ids import fold_model_id, same_model
 from hubpool_core.peer_client import PeerAuthError
 from hubpool_core.placement import Candidate
+from hubpool_core.proxy.output_check import (
+    COMPLETION_ROUTES,
+    MAX_JUDGED_BODY_BYTES,
+    TRUNCATED,
+    StreamJudge,
+    judge_whole,
+)
 from hubpool_core.proxy.translate import NativeToOpenAI
 
 log = logging.getLogger("hubpool.relay")
@@ -70,6 +78,15 @@ class RelayPlan:
     #: the peer that forwarded this request (inbound /local/* rows), else None
     inbound_from: str | None = None
     pin_note: str | None = None
+    #: options.num_ctx on the native routes (the window the request asks for), else None
+    num_ctx: int | None = None
+    #: the placement context and the stages observing the walk (affinity remembers here)
+    context: Any = None
+    observers: list[Any] = field(default_factory=list)
+    row_fault: str | None = None
+
+    def context_headers(self) -> dict[str, str]:
+        return dict(getattr(self.context, "response_headers", None) or {})
 
 
 #: a peer also fails over on these: its own pairing checks, saying nothing about the request
@@ -102,9 +119,27 @@ def _pass_headers(upstream: aiohttp.ClientResponse) -> list[tuple[bytes, bytes]]
 
 
 class _Failed(Exception):
-    def __init__(self, status: int | None, reason: str, deadline: bool = False):
+    def __init__(self, status: int | None, reason: str, deadline: bool = False, verdict: _Verdict | None = None):
         super().__init__(reason)
-        self.status, self.reason, self.deadline = status, reason, deadline
+        self.status, self.reason, self.deadline, self.verdict = status, reason, deadline, verdict
+
+
+@dataclass
+class _Verdict:
+    """An engine's 500 that is a verdict on the request, held to be returned if it stands."""
+
+    signature: str
+    cand: Candidate
+    status: int
+    body: bytes
+    headers: list[tuple[bytes, bytes]]
+    window: int | None
+    renders_own_template: bool
+
+
+DEFINITIVE = frozenset({"no-user-query", "missing-messages"})
+VERDICT_BODY_LIMIT = 64 * 1024
+VERDICT_READ_S = 5.0
 
 
 class RelayResponse(Response):
@@ -140,6 +175,41 @@ class RelayResponse(Response):
                 self.node.routing_log.touch(row, outcome="failed", reason=row["reason"] or "ended without an answer")
             self.node.plugins.broadcast_request_finished(row)
 
+    # -- helpers -----------------------------------------------------------------------
+    def _engine_for(self, cand: Candidate) -> Any:
+        """The engine object that knows this candidate's dialect details (by kind, for peers)."""
+        if cand.is_local:
+            return cand.local.engine
+        return self.node.engine_by_kind.get(cand.backend)
+
+    def _is_final(self, cand: Candidate) -> Any:
+        engine = self._engine_for(cand)
+        if engine is not None:
+            return engine.is_final_frame
+        from hubpool_core.engine import Engine
+
+        return lambda dialect, frame: Engine.is_final_frame(None, dialect, frame)  # type: ignore[arg-type]
+
+    def _quarantine_key(self, cand: Candidate) -> tuple[str, str, str]:
+        return (cand.node, cand.backend, fold_model_id(self.plan.model))
+
+    def _window(self, cand: Candidate) -> int | None:
+        """The window this candidate would run the request at, or None when unknown here."""
+        engine = self._engine_for(cand)
+        if engine is not None and engine.renders_own_template:
+            if self.plan.num_ctx:
+                return self.plan.num_ctx
+            if cand.is_local:
+                return self.node.settings.current.maxNumCtx
+            caps = cand.peer.last_capabilities if cand.peer is not None else None
+            value = caps.get("maxNumCtx") if isinstance(caps, dict) else None
+            return value if isinstance(value, int) and value > 0 else None
+        if cand.is_local:
+            for m in cand.local.snapshot.result.models:
+                if same_model(m.id, self.plan.model):
+                    return m.context_window
+        return None  # a peer's cap says nothing about the window its other engines run
+
     async def _open(self, cand: Candidate) -> tuple[Any, NativeToOpenAI | None]:
         """The upstream request for one candidate (not yet awaited) and its translator."""
         plan = self.plan
@@ -168,16 +238,28 @@ class RelayResponse(Response):
                                          skip_auto_headers=("Accept-Encoding",))
         return request, translator
 
+    def _observe(self, hook: str, *args: Any) -> None:
+        for stage in self.plan.observers:
+            try:
+                getattr(stage, hook)(self.plan.context, *args)
+            except Exception:  # noqa: BLE001 - an observer must not break the relay
+                log.exception("stage %s failed in %s", getattr(stage, "name", stage), hook)
+
+    # -- the walk ----------------------------------------------------------------------
     async def _walk(self, send: Any, gone: asyncio.Event, started: float) -> None:
         plan, log_, load = self.plan, self.node.routing_log, self.node.load
         row = plan.row
         total = len(plan.candidates)
         failures: list[_Failed] = []
+        pending: _Verdict | None = None
+        judged = plan.route in COMPLETION_ROUTES  # the leaf judges the same bytes as the entry node
         for attempt, cand in enumerate(plan.candidates, start=1):
             last = attempt == total
+            self._observe("placed" if attempt == 1 else "failed_over", cand)
             log_.touch(row, node=plan.inbound_from or cand.node, peerId=cand.peer_id, backend=cand.backend,
                        attempt=attempt)
-            load.acquire(cand.peer_id)
+            work = (cand.backend, plan.model, plan.num_ctx) if cand.is_local else None
+            load.acquire(cand.peer_id, work)
             released = False
             try:
                 request, translator = await self._open(cand)
@@ -194,13 +276,40 @@ class RelayResponse(Response):
                 except aiohttp.ClientError as exc:
                     raise _Failed(None, f"fetch failed ({_transport_code(exc)})") from None
                 status = upstream.status
+                if status == 500 and (cand.is_local or "x-hub-pool-backend" in upstream.headers) \
+                        and plan.inbound_from is None:
+                    verdict = await self._read_verdict(cand, upstream, gone)
+                    if verdict is not None:
+                        done = self._settle_verdict(verdict, pending, attempt)
+                        if done is not None:
+                            await self._send_verdict(send, *done, started)
+                            return
+                        pending = pending or verdict
+                        raise _Failed(500, f"HTTP 500 ({verdict.signature})", verdict=verdict)
                 if self._fails_over(cand, upstream, last):
                     upstream.release()
+                    if cand.is_local and status >= 500:
+                        self._unservable(cand, f"HTTP {status}")
                     raise _Failed(status, f"HTTP {status}")
+                held = None
+                streamed = any(t in upstream.headers.get("Content-Type", "") for t in STREAM_TYPES)
+                if judged and status == 200 and not streamed:
+                    held = await self._read_whole(upstream, gone)
+                    dialect = OPENAI if translator else plan.dialect
+                    fault = judge_whole(dialect, held) if held is not None else None
+                    if fault is not None:
+                        self._output_fault(cand, fault)
+                        if not last:
+                            upstream.release()
+                            raise _Failed(status, fault)
+                        # the last candidate's answer goes back as the engine gave it, recorded
+                        self.plan.row_fault = fault
+                    else:
+                        self._clean(cand)
                 try:
-                    await self._commit(send, gone, upstream, cand, translator, started)
+                    await self._commit(send, gone, upstream, cand, translator, started, held=held, judged=judged)
                 finally:
-                    load.release(cand.peer_id)
+                    load.release(cand.peer_id, work)
                     released = True
                 return
             except _Failed as failure:
@@ -210,8 +319,115 @@ class RelayResponse(Response):
                     self.node.local.invalidate(cand.local.engine)
             finally:
                 if not released:
-                    load.release(cand.peer_id)
+                    load.release(cand.peer_id, work)
+        self._observe("exhausted")
+        if failures and failures[-1].verdict is not None:
+            # no candidate left to ask: a verdict waiting for a second node is returned anyway
+            last_verdict = failures[-1].verdict
+            basis = "last-candidate"
+            confirms = None
+            if pending is not None and pending is not last_verdict and pending.signature == last_verdict.signature:
+                basis, confirms = "confirmed", pending.cand.node
+            await self._send_verdict(send, last_verdict, basis, confirms, started)
+            return
         await self._exhausted(send, failures, started)
+
+    async def _read_verdict(self, cand: Candidate, upstream: aiohttp.ClientResponse,
+                            gone: asyncio.Event) -> _Verdict | None:
+        """Read a 500's body (at most 64 KB, within 5 s) and ask the engine what it means."""
+        engine = self._engine_for(cand)
+        if engine is None:
+            return None
+        try:
+            body = await _race(upstream.content.read(VERDICT_BODY_LIMIT + 1), gone, VERDICT_READ_S)
+        except (asyncio.TimeoutError, aiohttp.ClientError):
+            return None
+        if len(body) > VERDICT_BODY_LIMIT:
+            return None
+        try:
+            parsed = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            return None
+        if not isinstance(parsed, dict):
+            return None
+        try:
+            signature = engine.request_error(500, parsed)
+        except Exception:  # noqa: BLE001 - a plugin bug means "no verdict"
+            signature = None
+        if signature not in REQUEST_ERROR_SIGNATURES:
+            return None
+        if signature == "chat-template" and cand.is_local:
+            self._unservable(cand, "chat-template")  # the node's own copy of the model can be what is broken
+        return _Verdict(signature, cand, upstream.status, body, _pass_headers(upstream), self._window(cand),
+                        bool(engine.renders_own_template))
+
+    def _settle_verdict(self, verdict: _Verdict, pending: _Verdict | None,
+                        attempt: int) -> tuple[_Verdict, str, str | None] | None:
+        """(verdict, basis, confirms) when it stands now; None when the walk goes on."""
+        if verdict.signature in DEFINITIVE:
+            return verdict, "definitive", None
+        if pending is None or pending.signature != verdict.signature:
+            return None
+        if verdict.signature == "context-length" and (verdict.window is None or verdict.window != pending.window):
+            return None  # the second must run the same window
+        ahead = self.plan.candidates[attempt:]
+        if verdict.signature == "context-length":
+            if any((w := self._window(c)) is None or w > verdict.window for c in ahead):
+                return None  # a larger window, or one this node cannot see, might serve it
+        else:
+            refusers = {pending.renders_own_template, verdict.renders_own_template}
+            for c in ahead:
+                engine = self._engine_for(c)
+                if engine is None or engine.renders_own_template not in refusers:
+                    return None  # an engine that has not refused might answer otherwise
+        return verdict, "confirmed", pending.cand.node
+
+    async def _send_verdict(self, send: Any, verdict: _Verdict, basis: str, confirms: str | None,
+                            started: float) -> None:
+        """The engine's own body and headers; 400 (a template keeps its 500)."""
+        plan, row = self.plan, self.plan.row
+        status = 500 if verdict.signature == "chat-template" else 400
+        headers = [(k, v) for k, v in verdict.headers if k not in (b"content-type",)]
+        headers.append((b"content-type", b"application/json"))
+        headers += _attribution(plan, verdict.cand, verdict.cand.backend)
+        if status != verdict.status:
+            headers.append((b"x-hub-pool-upstream-status", str(verdict.status).encode()))
+        headers += [(k.lower().encode(), v.encode()) for k, v in plan.context_headers().items()]
+        self.node.routing_log.touch(
+            row, outcome="failed", status=verdict.status, node=plan.inbound_from or verdict.cand.node,
+            peerId=verdict.cand.peer_id, backend=verdict.cand.backend,
+            durationMs=int((time.monotonic() - started) * 1000), reason=f"HTTP 500 ({verdict.signature})",
+            requestError={"signature": verdict.signature, "basis": basis, "confirms": confirms})
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": verdict.body})
+
+    async def _read_whole(self, upstream: aiohttp.ClientResponse, gone: asyncio.Event) -> bytes | None:
+        """A non-streamed completion, read whole before anything is sent (it is judged first)."""
+        try:
+            body = await _race(upstream.content.read(MAX_JUDGED_BODY_BYTES + 1), gone, None)
+        except aiohttp.ClientError as exc:
+            raise _Failed(upstream.status, f"{TRUNCATED} ({_transport_code(exc)})") from None
+        if len(body) > MAX_JUDGED_BODY_BYTES:
+            return body  # too large to judge: relayed as is (the rest follows)
+        return body
+
+    def _output_fault(self, cand: Candidate, fault: str) -> None:
+        if self.node.output_quarantine.strike(self._quarantine_key(cand), fault):
+            log.warning("withholding %s's %s for %s: %s twice within five minutes", cand.node, cand.backend,
+                        self.plan.model, fault)
+
+    def _unservable(self, cand: Candidate, reason: str) -> None:
+        key = ("local", cand.backend, fold_model_id(self.plan.model))
+        if self.node.unservable.strike(key, reason):
+            log.warning("withholding %s on the local %s from routing: %s twice within five minutes",
+                        self.plan.model, cand.backend, reason)
+
+    def _clean(self, cand: Candidate) -> None:
+        """One clean, complete answer ends a withhold."""
+        if self.node.output_quarantine.clear(self._quarantine_key(cand)):
+            log.info("%s's %s answers %s cleanly again", cand.node, cand.backend, self.plan.model)
+        if cand.is_local:
+            self.node.unservable.clear(("local", cand.backend, fold_model_id(self.plan.model)))
 
     def _fails_over(self, cand: Candidate, upstream: aiohttp.ClientResponse, last: bool) -> bool:
         status = upstream.status
@@ -262,13 +478,14 @@ class RelayResponse(Response):
             message += " " + plan.pin_note
         self.node.routing_log.touch(row, outcome="failed", status=502, reason=last,
                                     durationMs=int((time.monotonic() - started) * 1000))
-        await send({"type": "http.response.start", "status": 502,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"x-hub-pool-request-id", row["id"].encode())]})
+        headers = [(b"content-type", b"application/json"), (b"x-hub-pool-request-id", row["id"].encode())]
+        headers += [(k.lower().encode(), v.encode()) for k, v in plan.context_headers().items()]
+        await send({"type": "http.response.start", "status": 502, "headers": headers})
         await send({"type": "http.response.body", "body": json.dumps({"error": message}).encode()})
 
     async def _commit(self, send: Any, gone: asyncio.Event, upstream: aiohttp.ClientResponse,
-                      cand: Candidate, translator: NativeToOpenAI | None, started: float) -> None:
+                      cand: Candidate, translator: NativeToOpenAI | None, started: float,
+                      held: bytes | None = None, judged: bool = False) -> None:
         plan, row, log_ = self.plan, self.plan.row, self.node.routing_log
         status = upstream.status
         ctype = upstream.headers.get("Content-Type", "")
@@ -281,16 +498,26 @@ class RelayResponse(Response):
             fields["reason"] = f"HTTP {status}"
         elif status >= 500:
             fields["reason"] = f"HTTP {status}"
+        fault = getattr(plan, "row_fault", None)
+        if fault is not None:
+            fields.update(outcome="failed", reason=fault,
+                          requestError={"signature": fault, "basis": "node", "confirms": None})
         log_.touch(row, **fields)
         backend = upstream.headers.get("x-hub-pool-backend", cand.backend) if not cand.is_local else cand.backend
         headers = _attribution(plan, cand, backend)
+        headers += [(k.lower().encode(), v.encode()) for k, v in plan.context_headers().items()]
+        judge = None
+        if judged and status == 200 and streamed:
+            judge = StreamJudge(OPENAI if translator else plan.dialect, self._is_final(cand))
         try:
             if translator is not None:
-                await self._relay_translated(send, gone, upstream, translator, streamed, headers)
+                await self._relay_translated(send, gone, upstream, translator, streamed, headers, held, judge)
             else:
                 headers = _pass_headers(upstream) + headers
                 await send({"type": "http.response.start", "status": status, "headers": headers})
-                await self._pump(send, gone, upstream, lambda chunk: (chunk,))
+                if held is not None:
+                    await send({"type": "http.response.body", "body": held, "more_body": True})
+                await self._pump(send, gone, upstream, lambda chunk: (chunk,), judge=judge, cand=cand)
         finally:
             upstream.release() if upstream.content.at_eof() else upstream.close()
         row["totalMs"] = int((time.monotonic() - started) * 1000)
@@ -298,10 +525,10 @@ class RelayResponse(Response):
 
     async def _relay_translated(self, send: Any, gone: asyncio.Event, upstream: aiohttp.ClientResponse,
                                 translator: NativeToOpenAI, streamed: bool,
-                                headers: list[tuple[bytes, bytes]]) -> None:
+                                headers: list[tuple[bytes, bytes]], held: bytes | None, judge: Any) -> None:
         status = upstream.status
         if not streamed or status >= 400:
-            raw = await _race(upstream.read(), gone, None)
+            raw = held if held is not None else await _race(upstream.read(), gone, None)
             body = translator.whole(status, raw)
             await send({"type": "http.response.start", "status": status,
                         "headers": [(b"content-type", b"application/json")] + headers})
@@ -309,18 +536,22 @@ class RelayResponse(Response):
             return
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/x-ndjson")] + headers})
-        await self._pump(send, gone, upstream, translator.feed, tail=translator.end)
+        await self._pump(send, gone, upstream, translator.feed, tail=translator.end, judge=judge)
 
     async def _pump(self, send: Any, gone: asyncio.Event, upstream: aiohttp.ClientResponse,
-                    convert: Any, tail: Any = None) -> None:
-        """Pass chunks as they arrive; stop (closing upstream) when the app hangs up."""
+                    convert: Any, tail: Any = None, judge: Any = None, cand: Candidate | None = None) -> None:
+        """Pass chunks as they arrive; stop (closing upstream) when the app hangs up. A judged
+        stream is read on the way past: its first slice and last line, nothing recalled."""
         row, log_ = self.plan.row, self.node.routing_log
         reader = upstream.content
+        dropped = False
         try:
             while True:
                 chunk = await _race(reader.readany(), gone, None)
                 if not chunk:
                     break
+                if judge is not None:
+                    judge.feed(chunk)
                 for out in convert(chunk):
                     await send({"type": "http.response.body", "body": out, "more_body": True})
             if tail is not None:
@@ -330,11 +561,27 @@ class RelayResponse(Response):
             log_.touch(row, clientClosed=True, outcome="failed", reason="the app closed its connection mid-response")
             return
         except (aiohttp.ClientError, asyncio.IncompleteReadError) as exc:
-            # committed: no failover, the stream is left to die visibly (spec: Failover)
-            log_.touch(row, outcome="failed", reason=f"truncated-upstream ({_transport_code(exc)})",
-                       requestError={"signature": "truncated-upstream", "basis": "node", "confirms": None})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-            return
+            # committed: no failover, the stream is left to die visibly (spec: Failover). But an
+            # answer whose final frame already passed was whole: the app got all of it.
+            whole = judge is not None and judge.verdict() is None and judge.recognised
+            dropped = not whole
+            if dropped:
+                log_.touch(row, outcome="failed", reason=f"{TRUNCATED} ({_transport_code(exc)})",
+                           requestError={"signature": TRUNCATED, "basis": "node", "confirms": None})
+            else:
+                log.debug("%s closed after the final frame of %s (%s)", self.plan.model, row["id"],
+                          _transport_code(exc))
+        if judge is not None and cand is not None:
+            fault = judge.verdict(dropped=dropped)
+            if fault is not None:
+                self._output_fault(cand, fault)
+                if not dropped:
+                    log_.touch(row, outcome="failed", reason=fault,
+                               requestError={"signature": fault, "basis": "node", "confirms": None})
+            else:
+                self._clean(cand)
+        elif dropped and cand is not None:
+            self._output_fault(cand, TRUNCATED)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 

@@ -1,0 +1,147 @@
+"""Shared text formatting for the CLI: times, fixed-width tables, the routing-log counts
+line and the peers table that `status` and `peers` both print (protocol.md §5c)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Iterable, Sequence
+
+#: consecutive failed polls that mark a peer unreachable (hubpool_core.health, spec: Recovery)
+UNREACHABLE_THRESHOLD = 3
+
+PEER_COLUMNS = (("ID", 8), ("NODE", 34), ("DIR", 4), ("STATUS", 16), ("LAST SEEN", 20), ("QUEUE", 5),
+                ("CONTEXT", 7), ("ENGINES", 0))
+
+
+def when(value: str | None, missing: str = "-") -> str:
+    """An ISO-8601 time as ``YYYY-MM-DD HH:MM:SSZ`` (UTC)."""
+    if not value:
+        return missing
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        return value
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return parsed.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def flag(value: Any) -> str:
+    """A setting as the wire spells it (true, false, null)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    return f"{n} {word if n == 1 else (many or word + 's')}"
+
+
+def table(columns: Sequence[tuple[str, int]], rows: Iterable[Sequence[str]]) -> list[str]:
+    """Fixed-width columns, one space apart. A width is a minimum: a longer cell widens its
+    column for every row, so the table stays aligned. The last column is not padded."""
+    rows = [list(r) for r in rows]
+    widths = [max([w, len(h)] + [len(r[i]) for r in rows]) for i, (h, w) in enumerate(columns)]
+    lines = []
+    for cells in [[h for h, _ in columns]] + rows:
+        parts = [c.ljust(widths[i]) if i < len(cells) - 1 else c for i, c in enumerate(cells)]
+        lines.append(" ".join(parts).rstrip())
+    return lines
+
+
+def labelled(label: str, text: str, indent: str = "") -> str:
+    return f"{indent}{label:<14}{text}"
+
+
+# -- routing-log summary ----------------------------------------------------------------
+
+def counts_line(summary: dict[str, Any]) -> str:
+    """``R/C recorded · S served · F failed (breakdown) · N failovers``."""
+    failed = summary.get("failed", 0)
+    parts = []
+    for key, words in (("clientClosed", ("abandoned by the caller",) * 2),
+                       ("requestErrors", ("refused as a bad request", "refused as bad requests")),
+                       ("outputFaults", ("bad answer", "bad answers"))):
+        n = summary.get(key) or 0
+        if n:
+            parts.append(f"{n} {words[0] if n == 1 else words[1]}")
+    failed_text = f"{failed} failed" + (f" ({', '.join(parts)})" if parts else "")
+    pieces = [f"{summary.get('recorded', 0)}/{summary.get('capacity', '?')} recorded",
+              f"{summary.get('served', 0)} served", failed_text]
+    if summary.get("pending"):
+        pieces.append(f"{summary['pending']} pending")
+    pieces.append(plural(summary.get("failovers", 0), "failover"))
+    return " · ".join(pieces)
+
+
+# -- peers --------------------------------------------------------------------------------
+
+def capabilities(peer: dict[str, Any]) -> dict[str, Any] | None:
+    caps = peer.get("lastCapabilities")
+    return caps if isinstance(caps, dict) else None
+
+
+def peer_status(peer: dict[str, Any]) -> str:
+    """``connected``, ``connected/off``, ``connected 1/3`` while failing polls, ``identity
+    changed`` or ``credentials refused`` when the peer refuses this node."""
+    kind = (peer.get("probeFailure") or {}).get("kind")
+    if kind == "identity_changed":
+        text = "identity changed"
+    elif kind == "unauthorized":
+        text = "credentials refused"
+    else:
+        text = str(peer.get("status") or "?")
+    if peer.get("enabled") is False:
+        text += "/off"
+    strikes = peer.get("consecutiveFailures") or 0
+    if peer.get("status") == "connected" and strikes and kind != "identity_changed":
+        text += f" {min(strikes, UNREACHABLE_THRESHOLD)}/{UNREACHABLE_THRESHOLD}"
+    return text
+
+
+def peer_context(peer: dict[str, Any]) -> str:
+    """The context cap the peer states (maxNumCtx): a number, ``none``, or ``?`` when this
+    node holds no capabilities snapshot for it."""
+    cap = peer.get("maxNumCtx")
+    caps = capabilities(peer)
+    if cap is None and caps is not None:
+        cap = caps.get("maxNumCtx")
+    if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0:
+        return str(cap)
+    return "none" if caps is not None else "?"
+
+
+def peer_engines(peer: dict[str, Any]) -> str:
+    """``vllm(2) ollama(✗)`` from the last capabilities snapshot."""
+    caps = capabilities(peer)
+    if caps is None:
+        return "-"
+    if caps.get("acceptingWork") is False:
+        return "not accepting work"
+    out = []
+    for b in caps.get("backends") or []:
+        if not isinstance(b, dict):
+            continue
+        models = b.get("modelsLoaded") if isinstance(b.get("modelsLoaded"), list) else []
+        out.append(f"{b.get('type', '?')}({len(models) if b.get('healthy') else '✗'})")
+    return " ".join(out) or "none"
+
+
+def peer_queue(peer: dict[str, Any]) -> str:
+    n = peer.get("inFlightRequests")
+    return "?" if n is None else str(n)
+
+
+def peer_cells(peer: dict[str, Any]) -> list[str]:
+    return [str(peer.get("id", ""))[:8], str(peer.get("nodeFqdn") or "-"),
+            "in" if peer.get("direction") == "inbound" else "out", peer_status(peer),
+            when(peer.get("lastSeenAt"), "never"), peer_queue(peer), peer_context(peer), peer_engines(peer)]
+
+
+def peers_table(peers: list[dict[str, Any]], extra: Sequence[tuple[str, int]] = (),
+                extra_cells: Any = None) -> list[str]:
+    columns = list(PEER_COLUMNS) + list(extra)
+    rows = [peer_cells(p) + (list(extra_cells(p)) if extra_cells else []) for p in peers]
+    return table(columns, rows)

@@ -1,0 +1,135 @@
+"""Judging a 200 that may not be an answer (spec: "A 200 that is not an answer").
+
+Cut off (``truncated-upstream``): the dialect's final frame is missing, an OpenAI stream
+carried an error frame, or the connection dropped. Degenerate (``degenerate-output``): the
+first 256 characters of generated text, answer and reasoning together, are nothing but
+``<unusedN>`` placeholders. A stream is judged on the way past from its first slice and last
+line only; a body not recognisably in the dialect is not judged.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from hubpool_core.engine import NATIVE, OPENAI
+
+COMPLETION_ROUTES = frozenset({"/api/chat", "/api/generate", "/v1/chat/completions", "/v1/completions"})
+TRUNCATED = "truncated-upstream"
+DEGENERATE = "degenerate-output"
+HEAD_CHARS = 256
+MAX_JUDGED_BODY_BYTES = 4 * 1024 * 1024
+_PLACEHOLDERS = re.compile(r"(?:\s*<unused\d+>)+\s*")
+
+
+def _text_of(obj: Any, dialect: str) -> str:
+    """Generated text in one frame or body: answer and reasoning together."""
+    if not isinstance(obj, dict):
+        return ""
+    if dialect == NATIVE:
+        msg = obj.get("message") if isinstance(obj.get("message"), dict) else {}
+        parts = [msg.get("content"), msg.get("thinking"), obj.get("response"), obj.get("thinking")]
+    else:
+        parts = []
+        for choice in obj.get("choices") or []:
+            if not isinstance(choice, dict):
+                continue
+            delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+            message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+            parts += [delta.get("content"), delta.get("reasoning_content"), delta.get("reasoning"),
+                      message.get("content"), message.get("reasoning_content"), choice.get("text")]
+    return "".join(p for p in parts if isinstance(p, str))
+
+
+def degenerate(text: str) -> bool:
+    head = text[:HEAD_CHARS]
+    return bool(head.strip()) and _PLACEHOLDERS.fullmatch(head) is not None
+
+
+def judge_whole(dialect: str, body: bytes) -> str | None:
+    """A non-streamed completion body: None when it is an answer or not judgeable."""
+    try:
+        obj = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(obj, dict):
+        return None
+    if dialect == NATIVE:
+        if "done" not in obj:
+            return None  # not recognisably the dialect
+        if obj.get("done") is not True:
+            return TRUNCATED
+    else:
+        choices = obj.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            return None
+        if not choices[0].get("finish_reason"):
+            return TRUNCATED
+    return DEGENERATE if degenerate(_text_of(obj, dialect)) else None
+
+
+class StreamJudge:
+    """Fed the bytes of a stream as they pass; ``verdict()`` at the end."""
+
+    def __init__(self, dialect: str, is_final: Any):
+        self.dialect = dialect
+        self.is_final = is_final  # (dialect, frame bytes) -> bool
+        self.head = ""
+        self.recognised: bool | None = None
+        self.error_frame = False
+        self.final_seen = False
+        self._partial = b""
+        self._last = b""
+
+    def feed(self, chunk: bytes) -> None:
+        data = self._partial + chunk
+        lines = data.split(b"\n")
+        self._partial = lines.pop()
+        needs_frames = len(self.head) < HEAD_CHARS or self.recognised is None
+        for raw in lines:
+            line = raw.strip()
+            if not line:
+                continue
+            frame = line[5:].strip() if line.startswith(b"data:") else line
+            if self.dialect == OPENAI and not line.startswith(b"data:"):
+                continue  # SSE comments and event names
+            self._last = frame
+            if self.dialect == OPENAI and frame.startswith(b'{"error"'):
+                self.error_frame = True
+            if needs_frames or b'"error"' in frame[:16]:
+                self._look(frame)
+            if self.dialect == OPENAI and not self.final_seen and (frame == b"[DONE]" or b"finish_reason" in frame):
+                self.final_seen = self.final_seen or self.is_final(self.dialect, frame)
+
+    def _look(self, frame: bytes) -> None:
+        if frame == b"[DONE]":
+            return
+        try:
+            obj = json.loads(frame)
+        except (ValueError, UnicodeDecodeError):
+            if self.recognised is None:
+                self.recognised = False
+            return
+        if self.recognised is None:
+            self.recognised = isinstance(obj, dict)
+        if isinstance(obj, dict) and "error" in obj and self.dialect == OPENAI:
+            self.error_frame = True
+        if len(self.head) < HEAD_CHARS:
+            self.head += _text_of(obj, self.dialect)
+
+    def verdict(self, dropped: bool = False) -> str | None:
+        if self._partial.strip():  # a last line without its newline
+            self.feed(b"\n")
+        if dropped:
+            return TRUNCATED
+        if not self.recognised:
+            return None  # not judged
+        if self.error_frame:
+            return TRUNCATED
+        if self.dialect == NATIVE:
+            if not self.is_final(NATIVE, self._last):
+                return TRUNCATED
+        elif not self.final_seen:
+            return TRUNCATED
+        return DEGENERATE if degenerate(self.head) else None
