@@ -162,7 +162,7 @@ class PoolSettings(BaseModel):
     poolMaxPromptTokens: int | None = Field(default=None, ge=1024, le=1_048_576)
     poolProbeSnapshotTtlMs: int = Field(default=0, ge=0, le=300_000)
     poolPrefixAffinityMaxInFlight: int = Field(default=0, ge=0, le=20)
-    poolPrefixAffinityMargin: int = Field(default=1, ge=0, le=20)
+    poolPrefixAffinityMargin: int = Field(default=0, ge=0, le=20)
     poolSlotAwareness: int = Field(default=0, ge=0, le=1)
     poolRouteAppsAlways: bool = True
     #: inference preferences (PATCH /api/inference/preferences): this node's context cap and

@@ -214,6 +214,7 @@ def run_stages(stages: list[Any], ranking: list[Candidate], ctx: PlacementContex
         if not pinned and stage.order >= PIN_ORDER:
             result = apply_pin(ranking, pins, ctx.model)
             ranking, sections["pin"], pinned = result.ranking, result.section, True
+            ranking = _keep_contention_pieces(ranking, ctx)
         try:
             if not stage.enabled(ctx):
                 continue
@@ -231,9 +232,24 @@ def run_stages(stages: list[Any], ranking: list[Candidate], ctx: PlacementContex
     if not pinned:
         result = apply_pin(ranking, pins, ctx.model)
         ranking, sections["pin"] = result.ranking, result.section
+        ranking = _keep_contention_pieces(ranking, ctx)
     if withheld is not None:
         ranking = [c for c in ranking if not withheld(c)] + [c for c in ranking if withheld(c)]
     return ranking, sections
+
+
+def _keep_contention_pieces(ranking: list[Candidate], ctx: PlacementContext) -> list[Candidate]:
+    """Pins apply within each piece contention left: a pinned engine that gave way to peers
+    is not put back in front of them (spec: pins within each group)."""
+    gave_way = ctx.scratch.get("contention_gave_way") or []
+    for engine, behind in gave_way:
+        if engine not in ranking or not behind:
+            continue
+        last = max((ranking.index(c) for c in behind if c in ranking), default=-1)
+        if ranking.index(engine) < last:
+            ranking = [c for c in ranking if c is not engine]
+            ranking.insert(last, engine)  # just after the last candidate it gave way to
+    return ranking
 
 
 @dataclass

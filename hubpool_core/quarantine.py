@@ -12,6 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 STRIKE_WINDOW_S = 300.0
+#: dropped connections this close together are one event: a node dying cuts every stream it
+#: was serving at once, and that is one fault of the node, not fourteen of its engine
+SAME_EVENT_S = 1.0
+DROPPED = "connection dropped"
 BASE_WITHHOLD_S = 60.0
 MAX_WITHHOLD_S = 900.0
 
@@ -38,6 +42,8 @@ class Quarantine:
         rec.reason = reason
         if rec.until is not None and now < rec.until:
             return False  # already withheld
+        if DROPPED in reason and rec.strikes and now - rec.strikes[-1] < SAME_EVENT_S:
+            return False  # the same connection loss as the last strike
         if rec.level > 0:  # the re-probe after a withhold failed: back off further
             rec.level += 1
         else:

@@ -90,3 +90,38 @@ def test_a_pin_only_reorders(loads, target, pin_local):
     assert rest == [c for c in ranking if c in rest]  # everyone else keeps the ranker's order
     hit = [c for c in ranking if (c.is_local if pin_local else c.peer_id == pin.targetPeerId)]
     assert result.ranking[: len(hit)] == hit
+
+
+@settings(max_examples=100, deadline=None)
+@given(peers_strategy, st.integers(0, 5), st.booleans(), st.text(max_size=40))
+def test_with_affinity_0_and_contention_off_placement_is_the_base_rankers(specs, local_load, with_local, prompt):
+    import os
+
+    from hubpool_core.placement import PlacementContext, run_stages
+    from hubpool_stages import LocalContentionStage, PrefixAffinityStage
+
+    peers = [peer(i, *spec) for i, spec in enumerate(specs)]
+    load = Load()
+    load.local = local_load
+    load.local_work = {"ollama": {("other-model", None): 1}}  # contention would have something to say
+    node = SimpleNamespace(load=load, settings=SimpleNamespace(current=SimpleNamespace(maxNumCtx=None)))
+    settings_ = SimpleNamespace(poolPrefixAffinityMaxInFlight=0, poolPrefixAffinityMargin=0, maxNumCtx=None)
+    local = [local_backend()] if with_local else []
+    ranking = build_candidates("m", local, peers, load, local_affinity=1, pressure_weight=0, poll_seconds=30)
+    affinity, contention = PrefixAffinityStage(node), LocalContentionStage(node)
+    ctx = PlacementContext(route="/api/chat", route_class="chat", model="m", estimated_tokens=10,
+                           settings=settings_, judged=True,
+                           body={"model": "m", "messages": [{"role": "user", "content": prompt}]})
+    old = os.environ.get("HUB_POOL_CONTENTION_PLACEMENT")
+    os.environ["HUB_POOL_CONTENTION_PLACEMENT"] = "off"
+    try:
+        ordered, sections = run_stages([affinity, contention], list(ranking), ctx, [])
+    finally:
+        if old is None:
+            os.environ.pop("HUB_POOL_CONTENTION_PLACEMENT")
+        else:
+            os.environ["HUB_POOL_CONTENTION_PLACEMENT"] = old
+    assert [id(c) for c in ordered] == [id(c) for c in ranking]
+    assert sections == {"pin": None}
+    assert "affinity_session" not in ctx.scratch and "affinity_key" not in ctx.scratch  # nothing hashed
+    assert len(affinity.table) == 0  # nothing remembered

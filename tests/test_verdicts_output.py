@@ -193,3 +193,24 @@ def test_withheld_engines_are_never_removed_only_last(flags):
     assert sections == {"pin": None}
 
 
+
+
+def test_a_burst_of_faults_is_one_event_and_two_events_withhold():
+    from hubpool_core.quarantine import Quarantine
+
+    now = [1000.0]
+    q = Quarantine(clock=lambda: now[0])
+    key = ("hub-b.example.ts.net", "vllm", "m")
+    cut = "truncated-upstream (connection dropped)"
+    assert [q.strike(key, cut) for _ in range(14)] == [False] * 14  # one kill, 14 cut streams
+    assert not q.withheld(key)
+    now[0] += 30
+    assert q.strike(key, cut) is True  # a second event within five minutes
+    assert q.withheld(key)
+    now[0] += 61
+    assert not q.withheld(key)
+    assert q.strike(key, "degenerate-output") is True  # the re-probe failed: withheld again, doubled
+    now[0] += 61
+    assert q.withheld(key)
+    q.clear(key)
+    assert not q.withheld(key)

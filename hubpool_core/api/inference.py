@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from datetime import datetime, timezone
@@ -13,7 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from hubpool_core import __version__
 from hubpool_core.access import inference_refusal
 from hubpool_core.engine import NATIVE, OPENAI
-from hubpool_core.local_engines import LocalBackend, listing_backends
+from hubpool_core.local_engines import PLACEMENT_BUDGET_MS, LocalBackend, listing_backends
 from hubpool_core.models_ids import fold_model_id, same_model
 from hubpool_core.placement import (
     JUDGED_ROUTES,
@@ -140,6 +141,7 @@ async def routed(request: Request) -> Response:
                            settings=settings, num_ctx=request_num_ctx(route, body),
                            session_header=session if session and SESSION_PATTERN.fullmatch(session) else None,
                            judged=route in JUDGED_ROUTES)
+    await _read_residency(node, ranking, ctx)
     ordered, sections = run_stages(
         node.stages, ranking, ctx, settings.poolPins,
         withheld=lambda c: node.output_quarantine.withheld((c.node, c.backend, folded)))
@@ -171,6 +173,32 @@ async def routed(request: Request) -> Response:
                      candidates=ordered, row=row, budget_ms=budget, pin_note=pin_note, extra_headers=extra,
                      num_ctx=ctx.num_ctx, context=ctx, observers=list(node.stages))
     return RelayResponse(node, plan)
+
+
+async def _read_residency(node: Any, ranking: list[Any], ctx: PlacementContext) -> None:
+    """What the local engines a stage asks about hold in memory, read within the 500 ms
+    placement budget; a read that fails or is late is None ("not shown warm")."""
+    kinds: set[str] = set()
+    for stage in node.stages:
+        ask = getattr(stage, "wants_residency", None)
+        if ask is None:
+            continue
+        try:
+            kinds.update(ask(ranking, ctx) or ())
+        except Exception:  # noqa: BLE001 - a stage's question must not break placement
+            continue
+    engines = [e for e in node.local.engines if e.kind in kinds and e.has_residency]
+    if not engines:
+        return
+    tasks = {asyncio.ensure_future(e.residency(node.local.http)): e.kind for e in engines}
+    done, pending = await asyncio.wait(list(tasks), timeout=PLACEMENT_BUDGET_MS / 1000)
+    for task in pending:
+        task.cancel()
+    resident: dict[str, Any] = {kind: None for kind in tasks.values()}
+    for task in done:
+        if not task.cancelled() and task.exception() is None and task.result() is not None:
+            resident[tasks[task]] = [r.id for r in task.result()]
+    ctx.scratch["resident"] = resident
 
 
 def _pin_note(pin: Any) -> str:

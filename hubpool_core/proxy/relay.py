@@ -32,6 +32,7 @@ from hubpool_core.proxy.output_check import (
     judge_whole,
 )
 from hubpool_core.proxy.translate import NativeToOpenAI
+from hubpool_core.quarantine import DROPPED
 
 log = logging.getLogger("hubpool.relay")
 
@@ -574,14 +575,14 @@ class RelayResponse(Response):
         if judge is not None and cand is not None:
             fault = judge.verdict(dropped=dropped)
             if fault is not None:
-                self._output_fault(cand, fault)
+                self._output_fault(cand, f"{fault} ({DROPPED})" if dropped else fault)
                 if not dropped:
                     log_.touch(row, outcome="failed", reason=fault,
                                requestError={"signature": fault, "basis": "node", "confirms": None})
             else:
                 self._clean(cand)
         elif dropped and cand is not None:
-            self._output_fault(cand, TRUNCATED)
+            self._output_fault(cand, f"{TRUNCATED} ({DROPPED})")
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
