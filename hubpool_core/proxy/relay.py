@@ -427,8 +427,8 @@ class RelayResponse(Response):
         """One clean, complete answer ends a withhold."""
         if self.node.output_quarantine.clear(self._quarantine_key(cand)):
             log.info("%s's %s answers %s cleanly again", cand.node, cand.backend, self.plan.model)
-        if cand.is_local:
-            self.node.unservable.clear(("local", cand.backend, fold_model_id(self.plan.model)))
+        if cand.is_local and self.node.unservable.clear(("local", cand.backend, fold_model_id(self.plan.model))):
+            self.node.local.invalidate(cand.local.engine)  # the release is seen by the very next request
 
     def _fails_over(self, cand: Candidate, upstream: aiohttp.ClientResponse, last: bool) -> bool:
         status = upstream.status
