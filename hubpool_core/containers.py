@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from hubpool_core.periodic import Periodic
+
 log = logging.getLogger("hubpool.containers")
 
 SAMPLE_INTERVAL_S = 60.0
@@ -46,24 +48,14 @@ class ContainerSampler:
         self.sources = sources
         self.sample: dict[str, Any] | None = None
         self.sampled_at: float | None = None
-        self._task: asyncio.Task | None = None
+        self._loop = Periodic("container sample", self.sample_once, lambda: SAMPLE_INTERVAL_S)
 
     def start(self) -> None:
         if self.sources:
-            self._task = asyncio.ensure_future(self._run())
+            self._loop.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001
-                pass
-
-    async def _run(self) -> None:
-        while True:
-            await self.sample_once()
-            await asyncio.sleep(SAMPLE_INTERVAL_S)
+        await self._loop.stop()
 
     async def sample_once(self) -> None:
         for source in self.sources:

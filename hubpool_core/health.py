@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from hubpool_core.peer_client import PeerAuthError
+from hubpool_core.periodic import Periodic
 from hubpool_core.peers import aware, iso, utcnow
 from hubpool_core.signing import REFUSAL_HEADER, REFUSAL_IDENTITY_MISMATCH
 from hubpool_core.store import PoolPeer
@@ -88,30 +89,17 @@ class HealthPoller:
     def __init__(self, node: Any):
         self.node = node
         self.failures: dict[str, ProbeFailure] = {}
-        self._task: asyncio.Task | None = None
+        self._loop = Periodic("health tick", self.poll_once, lambda: self.poll_s)
 
     @property
     def poll_s(self) -> int:
         return self.node.settings.current.poolHealthPollSeconds
 
     def start(self) -> None:
-        self._task = asyncio.ensure_future(self._run())
+        self._loop.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001
-                pass
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self.poll_once()
-            except Exception:  # noqa: BLE001 - one bad tick must not end polling
-                log.exception("health tick failed")
-            await asyncio.sleep(self.poll_s)
+        await self._loop.stop()
 
     async def poll_once(self) -> None:
         await asyncio.to_thread(self.node.housekeeping)

@@ -39,6 +39,18 @@ ALLOW_LOOPBACK_PEERS_VAR = "HUB_POOL_DEV_ALLOW_LOOPBACK_PEERS"
 log = logging.getLogger("hubpool.node")
 
 
+def _instances(classes: Iterable[type], arg: Any, what: str) -> list[Any]:
+    """One instance of each registered class; one that fails to start is logged and skipped,
+    never fatal to the node."""
+    out = []
+    for cls in classes:
+        try:
+            out.append(cls(arg))
+        except Exception as exc:  # noqa: BLE001 - a plugin's constructor must not stop the node
+            log.warning("%s %s could not start: %s", what, getattr(cls, "name", cls), exc)
+    return out
+
+
 class Node:
     def __init__(self, env: EnvSettings, extra_plugins: Iterable[tuple[str, Any]] = ()):
         self.env = env
@@ -55,12 +67,7 @@ class Node:
         self.engine_by_kind = {e.kind: e for e in self.local.engines}
         self.output_quarantine = Quarantine()
         self.unservable = Quarantine()
-        self.stages = []
-        for cls in self.plugins.stages:
-            try:
-                self.stages.append(cls(self))
-            except Exception as exc:  # noqa: BLE001 - one broken stage must not stop the node
-                log.warning("placement stage %s could not start: %s", getattr(cls, "name", cls), exc)
+        self.stages = _instances(self.plugins.stages, self, "placement stage")
         size = env_int(env.routing_log_size, minimum=0) or DEFAULT_CAPACITY
         self.routing_log = RoutingLog(max(DEFAULT_CAPACITY, min(MAX_CAPACITY, size)))
         connect = max(15_000, env_int(env.first_byte_timeout_ms, minimum=1) or 300_000)
@@ -80,25 +87,14 @@ class Node:
         self.nonces = NonceCache()
         self.pairing_pin = PairingPin()
         self.pin_cooldown = SourceCooldown()
-        self.directories = []
-        for cls in self.plugins.directories:
-            try:
-                self.directories.append(cls(env))
-            except Exception as exc:  # noqa: BLE001 - one broken directory must not stop the node
-                log.warning("directory %s could not start: %s", getattr(cls, "name", cls), exc)
+        self.directories = _instances(self.plugins.directories, env, "directory")
         self.tailnet = Tailnet(self.directories)
         self.peer_urls = peer_url_overrides(env.peer_urls)
         self.allow_loopback_peers = env.environ().get(ALLOW_LOOPBACK_PEERS_VAR, "").lower() == "true"
         self.peer_client = PeerClient(self)
         self.pairing = Pairing(self)
         self.health = HealthPoller(self)
-        sources = []
-        for cls in self.plugins.pressure_sources:
-            try:
-                sources.append(cls(env))
-            except Exception as exc:  # noqa: BLE001 - one broken source must not stop the node
-                log.warning("pressure source %s could not start: %s", getattr(cls, "name", cls), exc)
-        self.pressure = PressureSampler(self, sources)
+        self.pressure = PressureSampler(self, _instances(self.plugins.pressure_sources, env, "pressure source"))
         self.containers = ContainerSampler(self.plugins.container_stats)
 
     def housekeeping(self) -> None:

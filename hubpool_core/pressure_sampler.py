@@ -7,6 +7,7 @@ import asyncio
 import logging
 from typing import Any
 
+from hubpool_core.periodic import Periodic
 from hubpool_core.pressure import PressureSource
 from hubpool_core.pressure_bands import BandQuantiser, wire_source_name
 
@@ -21,7 +22,7 @@ class PressureSampler:
         self.sources = sources  # already sorted by order
         self.quantiser = BandQuantiser()
         self.source: str | None = None
-        self._task: asyncio.Task | None = None
+        self._loop = Periodic("pressure sample", self._tick, lambda: SAMPLE_INTERVAL_S)
 
     @property
     def band(self) -> int | None:
@@ -29,24 +30,14 @@ class PressureSampler:
 
     def start(self) -> None:
         if self.sources:
-            self._task = asyncio.ensure_future(self._run())
+            self._loop.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001
-                pass
+        await self._loop.stop()
 
-    async def _run(self) -> None:
-        while True:
-            try:
-                if await asyncio.to_thread(self._has_connected_peer):
-                    await self.sample_once()
-            except Exception:  # noqa: BLE001 - a bad sample must not end sampling
-                log.exception("pressure sample failed")
-            await asyncio.sleep(SAMPLE_INTERVAL_S)
+    async def _tick(self) -> None:
+        if await asyncio.to_thread(self._has_connected_peer):
+            await self.sample_once()
 
     def _has_connected_peer(self) -> bool:
         return any(p.status == "connected" for p in self.node.peers.all())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -281,26 +281,25 @@ async def _listing_sources(request: Request) -> tuple[list[LocalBackend], list[A
     return backends, usable_peers(node.peers.all(), node.directions().outbound.enabled)
 
 
-async def list_openai_models(request: Request) -> Response:
+async def _listing(request: Request, payload_of: Any, key: str) -> Response:
+    """Both listing routes: this node's engines plus every usable peer's cached inventory;
+    a 502 only when neither has anything."""
     refused = _guard(request)
     if refused is not None:
         return refused
     backends, peers = await _listing_sources(request)
-    payload = openai_models_payload(backends, peers)
-    if not backends and not payload["data"]:
+    payload = payload_of(backends, peers)
+    if not backends and not payload[key]:
         return _error(502, "No local engine answered, and no connected peer lists a model")
     return JSONResponse(payload)
+
+
+async def list_openai_models(request: Request) -> Response:
+    return await _listing(request, openai_models_payload, "data")
 
 
 async def list_native_tags(request: Request) -> Response:
-    refused = _guard(request)
-    if refused is not None:
-        return refused
-    backends, peers = await _listing_sources(request)
-    payload = native_tags_payload(backends, peers)
-    if not backends and not payload["models"]:
-        return _error(502, "No local engine answered, and no connected peer lists a model")
-    return JSONResponse(payload)
+    return await _listing(request, native_tags_payload, "models")
 
 
 async def list_running(request: Request) -> Response:

@@ -15,7 +15,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from hubpool_core.api.inference import ROUTED, BadRequest, _wants_stream, read_json_object
-from hubpool_core.directions import ENV_MASTER_TEXT  # noqa: F401 - texts live with the switches
 from hubpool_core.local_engines import listing_backends
 from hubpool_core.peer_guard import PeerRefused, admit
 from hubpool_core.placement import Candidate
