@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from hubpool_core.models_ids import fold_model_id
 from hubpool_core.peer_client import PeerAuthError
 from hubpool_core.periodic import Periodic
 from hubpool_core.peers import aware, iso, utcnow
@@ -103,8 +104,26 @@ class HealthPoller:
 
     async def poll_once(self) -> None:
         await asyncio.to_thread(self.node.housekeeping)
+        await self._release_resident()
         rows = [r for r in self.node.peers.all() if r.status in ("connected", "unreachable")]
         await asyncio.gather(*(self.probe(r) for r in rows))
+
+    async def _release_resident(self) -> None:
+        """A withheld model the engine reports resident is proof it serves: clear it. Residency
+        is read only while something is withheld, so an untroubled tick costs nothing."""
+        for engine in self.node.local.engines:
+            withheld = self.node.unservable.withheld_models("local", engine.kind)
+            if not withheld or not engine.has_residency:
+                continue
+            try:
+                resident = await asyncio.wait_for(engine.residency(self.node.local.http), timeout=5)
+            except Exception:  # noqa: BLE001 - no answer proves nothing
+                continue
+            for model in resident or []:
+                folded = fold_model_id(model.id)
+                if folded in withheld and self.node.unservable.clear(("local", engine.kind, folded)):
+                    self.node.local.invalidate(engine)
+                    log.info("%s is resident on the local %s again: no longer withheld", model.id, engine.kind)
 
     async def probe(self, row: PoolPeer) -> None:
         now = time.time()

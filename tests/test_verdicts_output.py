@@ -214,3 +214,23 @@ def test_a_burst_of_faults_is_one_event_and_two_events_withhold():
     assert q.withheld(key)
     q.clear(key)
     assert not q.withheld(key)
+
+
+def test_a_model_failing_to_load_is_withheld_and_released_when_resident(tmp_path):
+    """spec: core-4 listed gemma3:1b and answered every generate with 500 'model failed to load'."""
+    cfg = SimConfig(flavor="ollama", models=[SimModel("gemma3:1b"), SimModel("other:1b")])
+    with run_in_thread(cfg) as sim, RunningNode(tmp_path / "n", {"OLLAMA_URL": sim.url}) as node:
+        sim.add_fault("error:500", model="gemma3:1b", count=2)
+        body = {"model": "gemma3:1b", "stream": False, "messages": [{"role": "user", "content": "x"}]}
+        for _ in range(2):
+            assert httpx.post(node.url + "/api/chat", json=body).status_code == 502
+        r = httpx.post(node.url + "/api/chat", json=body)
+        assert r.status_code == 502 and r.json()["error"].startswith('No pool node currently has model "gemma3:1b"')
+        with node.client() as c:
+            caps_models = {m["name"] for m in c.get("/api/tags").json()["models"]}
+        assert "gemma3:1b" in caps_models  # the on-disk inventory still lists it
+        assert node.node.unservable.withheld_models("local", "ollama") == {"gemma3:1b"}
+        httpx.post(sim.url + "/api/generate", json={"model": "gemma3:1b", "prompt": "load", "stream": False})
+        node.run(node.node.health.poll_once())  # resident in /api/ps: proof it serves
+        assert node.node.unservable.withheld_models("local", "ollama") == set()
+        assert httpx.post(node.url + "/api/chat", json=body).status_code == 200
