@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hubpool_core import __version__
-from hubpool_core.api import advice, inference, local, operator, peers
+from hubpool_core.api import advice, inference, local, metrics_route, operator, peers
 from hubpool_core.node import Node
 
 
@@ -30,6 +30,7 @@ def create_app(node: Node) -> FastAPI:
     app.include_router(local.build_router())
     app.include_router(advice.build_router())
     app.include_router(inference.build_router())
+    app.include_router(metrics_route.build_router(node))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:

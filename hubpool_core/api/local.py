@@ -33,6 +33,7 @@ def _refuse(node: Any, route: str, sender: str | None, request: Request, status:
                                 request_id=rid if rid and REQUEST_ID.fullmatch(rid) else None)
     node.routing_log.touch(row, node=sender, outcome="failed", status=status, reason=message[:200],
                            durationMs=0, totalMs=0)
+    node.plugins.broadcast_request_finished(row)
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
@@ -84,6 +85,7 @@ async def forward(request: Request) -> Response:
     if not chosen:
         node.routing_log.touch(row, node=peer.node_fqdn, outcome="failed", status=502, durationMs=0, totalMs=0,
                                reason=f"No local backend able to serve {route}")
+        node.plugins.broadcast_request_finished(row)
         return JSONResponse({"error": f"No local backend able to serve {route}"}, status_code=502)
     candidates = [Candidate("local", b.engine.kind, local=b) for b in chosen[:1]]
     from hubpool_core.placement import request_num_ctx
