@@ -212,7 +212,7 @@ def run_stages(stages: list[Any], ranking: list[Candidate], ctx: PlacementContex
     pinned = False
     for stage in stages:
         if not pinned and stage.order >= PIN_ORDER:
-            result = apply_pin(ranking, pins, ctx.model)
+            result = apply_pin(ranking, pins, ctx.model, ctx.scratch.get("groups"))
             ranking, sections["pin"], pinned = result.ranking, result.section, True
             ranking = _keep_contention_pieces(ranking, ctx)
         try:
@@ -230,7 +230,7 @@ def run_stages(stages: list[Any], ranking: list[Candidate], ctx: PlacementContex
             continue
         sections[stage.section] = section
     if not pinned:
-        result = apply_pin(ranking, pins, ctx.model)
+        result = apply_pin(ranking, pins, ctx.model, ctx.scratch.get("groups"))
         ranking, sections["pin"] = result.ranking, result.section
         ranking = _keep_contention_pieces(ranking, ctx)
     if withheld is not None:
@@ -276,9 +276,15 @@ def pin_matches(pin: Any, candidate: Candidate) -> bool:
     return candidate.peer_id == pin.targetPeerId
 
 
-def apply_pin(ranking: list[Candidate], pins: list[Any], model: str) -> PinResult:
+def apply_pin(ranking: list[Candidate], pins: list[Any], model: str,
+              groups: dict[int, Any] | None = None) -> PinResult:
     """Prefer-only: the pinned node's candidates move to the front, everyone else keeps
-    their order behind them; a pin whose target has no candidate is a silent no-op."""
+    their order behind them; a pin whose target has no candidate is a silent no-op.
+
+    ``groups`` (``id(candidate) -> group``, what the split stages left in
+    ``ctx.scratch["groups"]``): the pin applies within each group instead — the pinned
+    node's candidates move to the front of their own group, and every group keeps the
+    positions it holds, so a pin never brings a node out of a worse group."""
     pin = find_pin(pins, model)
     if pin is None:
         return PinResult(ranking, None)
@@ -286,7 +292,18 @@ def apply_pin(ranking: list[Candidate], pins: list[Any], model: str) -> PinResul
     front = [c for c in ranking if pin_matches(pin, c)]
     if not front:
         return PinResult(ranking, section, pin)
-    return PinResult(front + [c for c in ranking if not pin_matches(pin, c)], section, pin)
+    if not groups:
+        return PinResult(front + [c for c in ranking if not pin_matches(pin, c)], section, pin)
+    slots: dict[Any, list[int]] = {}
+    for at, cand in enumerate(ranking):
+        slots.setdefault(groups.get(id(cand)), []).append(at)
+    out = list(ranking)
+    for positions in slots.values():
+        members = [ranking[at] for at in positions]
+        ordered = [c for c in members if pin_matches(pin, c)] + [c for c in members if not pin_matches(pin, c)]
+        for at, cand in zip(positions, ordered):
+            out[at] = cand
+    return PinResult(out, section, pin)
 
 
 # -- the auto alias --------------------------------------------------------------------

@@ -25,10 +25,13 @@ def judge(build, ranking, node, ctx):
     return stage.apply(ranking, ctx)
 
 
-def test_the_hook_registers_both_stages_in_order():
+def test_the_hook_registers_every_stage_in_order():
+    from hubpool_stages.splits import ContextCapStage, PromptCeilingStage, SlotsStage
+
     got = []
     hubpool_register_stages(register=got.append)
-    assert got == [PrefixAffinityStage, LocalContentionStage]
+    assert got == [PrefixAffinityStage, ContextCapStage, PromptCeilingStage, SlotsStage, LocalContentionStage]
+    assert [cls.order for cls in got] == sorted(cls.order for cls in got)
     assert LocalContentionStage.order == 600 and LocalContentionStage.section == "contention"
 
 
