@@ -11,7 +11,7 @@ import pytest
 
 from harness import RunningNode
 
-COMMANDS = ["serve", "demo", "plugins", "status", "settings", "log", "api-key", "api-key create", "api-key list",
+COMMANDS = ["serve", "demo", "plugins", "status", "settings", "log", "bench", "bench placement", "api-key", "api-key create", "api-key list",
             "api-key revoke"]
 
 
@@ -66,3 +66,12 @@ def test_cli_without_a_node_says_what_to_do(tmp_path):
     env = {"HUB_POOL_DATA_DIR": str(tmp_path), "HUB_POOL_LISTEN": "127.0.0.1:9", "HUB_POOL_OPERATOR_KEY": "k"}
     r = hubpool("status", env=env)
     assert r.returncode == 1 and "hubpool serve" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bench_placement_prints_the_cost_of_every_stage(tmp_path):
+    r = hubpool("bench", "placement", "--rounds", "10", "--json", env={"HUB_POOL_DATA_DIR": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert [x["candidates"] for x in data["results"]] == [5, 20, 100]
+    assert {"prefix_affinity", "context_cap", "prompt_ceiling", "slots", "local_contention"} <= set(data["stages"])
+    assert all(x["baseUs"] > 0 and x["allStagesUs"] > 0 for x in data["results"])

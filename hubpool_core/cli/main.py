@@ -197,3 +197,4 @@ def main() -> None:
 # the other verbs live in their own modules; importing them registers them on `app`
 from hubpool_core.cli import status_commands, log_commands, pin_commands, pairing_commands  # noqa: E402,F401,I001
 from hubpool_core.cli import advice_commands  # noqa: E402,F401
+from hubpool_core.cli import bench_commands  # noqa: E402,F401
