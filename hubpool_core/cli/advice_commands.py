@@ -62,36 +62,33 @@ def handout(tools: bool = typer.Option(False, "--tools", help="The client needs 
     out.print("\n" + "\n".join(f"{k}={v}" for k, v in data["env"].items()), highlight=False)
 
 
-def _number_or_clear(value: str, what: str) -> Optional[int]:
+def _state(url: Optional[str], value: str, what: str, path: str, key: str, label: str, absent: str) -> None:
+    """Write one number-or-clear statement and print what the node now holds."""
     if value == "clear":
-        return None
-    if not value.isdigit():
+        number = None
+    elif value.isdigit():
+        number = int(value)
+    else:
         _fail(f"{what} takes a whole number or `clear`")
-    return int(value)
+    try:
+        data = _client(url).patch(path, {key: number})
+    except NodeError as exc:
+        _fail(str(exc))
+    out.print(f"{label}: {data[key] or absent}")
 
 
 @app.command()
 def ceiling(value: str = typer.Argument(..., help="Largest estimated prompt in tokens (1024–1048576), or `clear`."),
             url: Optional[str] = UrlOption) -> None:
     """Set this node's prompt ceiling (poolMaxPromptTokens): longer prompts go elsewhere first."""
-    number = _number_or_clear(value, "ceiling")
-    try:
-        data = _client(url).patch("/api/inference/pool/settings", {"poolMaxPromptTokens": number})
-    except NodeError as exc:
-        _fail(str(exc))
-    out.print(f"Prompt ceiling: {data['poolMaxPromptTokens'] or 'none'}")
+    _state(url, value, "ceiling", "/api/inference/pool/settings", "poolMaxPromptTokens", "Prompt ceiling", "none")
 
 
 @app.command("context-cap")
 def context_cap(value: str = typer.Argument(..., help="The engine's context length (num_ctx), or `clear`."),
                 url: Optional[str] = UrlOption) -> None:
     """State this node's context cap (maxNumCtx): the window its engine runs without reloading."""
-    number = _number_or_clear(value, "context-cap")
-    try:
-        data = _client(url).patch("/api/inference/preferences", {"maxNumCtx": number})
-    except NodeError as exc:
-        _fail(str(exc))
-    out.print(f"Context cap: {data['maxNumCtx'] or 'none'}")
+    _state(url, value, "context-cap", "/api/inference/preferences", "maxNumCtx", "Context cap", "none")
 
 
 @app.command()
@@ -99,9 +96,4 @@ def slots(value: str = typer.Argument(..., help="Requests the engine runs at onc
                                                 "or `clear`."),
           url: Optional[str] = UrlOption) -> None:
     """State how many requests this node's engine runs at once (ollamaSlots)."""
-    number = _number_or_clear(value, "slots")
-    try:
-        data = _client(url).patch("/api/inference/preferences", {"ollamaSlots": number})
-    except NodeError as exc:
-        _fail(str(exc))
-    out.print(f"Slots: {data['ollamaSlots'] or 'not stated'}")
+    _state(url, value, "slots", "/api/inference/preferences", "ollamaSlots", "Slots", "not stated")
