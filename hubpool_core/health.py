@@ -81,7 +81,8 @@ def valid_capabilities(data: Any) -> dict[str, Any] | None:
         backends.append({"type": b["type"][:40], "healthy": b.get("healthy") is True, "modelsLoaded": models[:2000]})
     out = {k: v for k, v in data.items() if k in ("hardwareTier", "acceptingWork", "nodeUuid", "inFlightRequests",
                                                    "updatedAt", "maxPromptTokens", "maxNumCtx", "ollamaSlots",
-                                                   "gpuPressure", "gpuPressureSource", "containers")}
+                                                   "gpuPressure", "gpuPressureSource", "containers",
+                                                   "throughput")}
     out["backends"] = backends
     return out
 

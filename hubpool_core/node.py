@@ -25,6 +25,7 @@ from hubpool_core.containers import ContainerSampler
 from hubpool_core.models_ids import fold_model_id
 from hubpool_core.placement import TIER_RANK, Load
 from hubpool_core.quarantine import Quarantine
+from hubpool_core.throughput import ThroughputStore
 from hubpool_core.pressure_sampler import PressureSampler
 from hubpool_core.plugins import PluginHost, load_plugins
 from hubpool_core.proxy.relay import Budgets
@@ -65,6 +66,7 @@ class Node:
         self.local = LocalEngines(build_engines(self.plugins.engines, env.environ()))
         #: one instance per engine kind: how a peer's relayed bytes are read (dialect, verdicts)
         self.engine_by_kind = {e.kind: e for e in self.local.engines}
+        self.throughput = ThroughputStore()
         self.output_quarantine = Quarantine()
         self.unservable = Quarantine()
         self.stages = _instances(self.plugins.stages, self, "placement stage")
@@ -145,6 +147,9 @@ class Node:
         if identity is not None:
             payload["nodeUuid"] = identity.node_uuid
         payload.update(self.pressure.capabilities_fields())
+        throughput = self.throughput.estimates("local")
+        if throughput:  # omitted when nothing has been timed, as older builds send
+            payload["throughput"] = throughput
         ceiling, _ = effective_ceiling(self.env, self.settings.current)
         for key, value in (("maxPromptTokens", ceiling), ("maxNumCtx", self.settings.current.maxNumCtx),
                            ("ollamaSlots", self.settings.current.ollamaSlots)):

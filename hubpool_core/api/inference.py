@@ -22,6 +22,7 @@ from hubpool_core.placement import (
     build_candidates,
     choose_auto_model,
     find_pin,
+    pin_matches,
     request_num_ctx,
     run_stages,
     usable_peers,
@@ -141,6 +142,10 @@ async def routed(request: Request) -> Response:
                            settings=settings, num_ctx=request_num_ctx(route, body),
                            session_header=session if session and SESSION_PATTERN.fullmatch(session) else None,
                            judged=route in JUDGED_ROUTES)
+    ctx.scratch["budget_ms"] = budget
+    pin_now = find_pin(settings.poolPins, model)
+    if pin_now is not None:
+        ctx.scratch["pinned_nodes"] = {c.node for c in ranking if pin_matches(pin_now, c)}
     await _read_residency(node, ranking, ctx)
     ordered, sections = run_stages(
         node.stages, ranking, ctx, settings.poolPins,
@@ -171,7 +176,7 @@ async def routed(request: Request) -> Response:
     extra = {"X-Hub-Pool-Session": ctx.session_header} if ctx.session_header else {}
     plan = RelayPlan(route=route, dialect=dialect, body=body, raw=raw, model=model, stream=stream,
                      candidates=ordered, row=row, budget_ms=budget, pin_note=pin_note, extra_headers=extra,
-                     num_ctx=ctx.num_ctx, context=ctx, observers=list(node.stages))
+                     num_ctx=ctx.num_ctx, context=ctx, observers=list(node.stages), estimated_tokens=estimated)
     return RelayResponse(node, plan)
 
 

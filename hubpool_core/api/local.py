@@ -92,7 +92,7 @@ async def forward(request: Request) -> Response:
 
     plan = RelayPlan(route=route, dialect=dialect, body=body, raw=raw, model=model, stream=stream,
                      candidates=candidates, row=row, budget_ms=budget, inbound_from=peer.node_fqdn,
-                     num_ctx=request_num_ctx(route, body))
+                     num_ctx=request_num_ctx(route, body), estimated_tokens=-(-len(raw) // 4))
     return RelayResponse(node, plan)
 
 

@@ -107,6 +107,7 @@ async def status(request: Request) -> Response:
             "maxPromptTokensSetBy": set_by,
             "maxNumCtx": settings.maxNumCtx,
             "ollamaSlots": settings.ollamaSlots,
+            "throughput": node.throughput.estimates("local"),
             "gpuPressure": node.pressure.band,
             "gpuPressureSource": wire_source_name(node.pressure.source) if node.pressure.source else None,
             "backends": [
@@ -150,6 +151,9 @@ def _peer_extras(node: Any, row: Any) -> dict[str, Any]:
         "maxPromptTokens": _positive(caps.get("maxPromptTokens")),
         "maxNumCtx": _positive(caps.get("maxNumCtx")),
         "ollamaSlots": _positive(caps.get("ollamaSlots")),
+        "throughput": {"observed": node.throughput.observed(row.node_fqdn),
+                       "advertised": caps.get("throughput") if fresh and isinstance(caps.get("throughput"), list)
+                       else []},
     }
 
 

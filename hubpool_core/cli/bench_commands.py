@@ -15,7 +15,7 @@ bench_app = typer.Typer(help="Measure what hubpool adds (figures as ratios again
 app.add_typer(bench_app, name="bench")
 
 
-def _pool(size: int):  # noqa: ANN202 - synthetic peers, every knob's data present
+def _pool(size: int, kinds: list[str]):  # noqa: ANN202 - synthetic peers, every knob's data present
     from hubpool_core.store import PoolPeer
 
     peers = []
@@ -23,7 +23,7 @@ def _pool(size: int):  # noqa: ANN202 - synthetic peers, every knob's data prese
         caps = {"hardwareTier": ("high", "medium", "cpu-only")[i % 3], "acceptingWork": True,
                 "inFlightRequests": i % 4, "gpuPressure": i % 4, "maxNumCtx": 8192 * (1 + i % 4),
                 "maxPromptTokens": 4096 * (1 + i % 5), "ollamaSlots": 2 + i % 3,
-                "backends": [{"type": ("ollama", "vllm")[i % 2], "healthy": True, "modelsLoaded": ["m:8b"]}]}
+                "backends": [{"type": kinds[i % len(kinds)], "healthy": True, "modelsLoaded": ["m:8b"]}]}
         peers.append(PoolPeer(id=f"p{i}", node_fqdn=f"node-{i}.example.ts.net", direction="outbound",
                               status="connected", enabled=True, last_capabilities=caps,
                               last_seen_at=datetime.now(timezone.utc)))
@@ -42,8 +42,10 @@ def placement(rounds: int = typer.Option(2000, "--rounds", min=10, max=1_000_000
                             poolMaxPromptTokens=16000, maxNumCtx=16384, ollamaSlots=2)
     host = load_plugins()
     load = Load()
+    from hubpool_core.throughput import ThroughputStore
+
     node = SimpleNamespace(load=load, env=EnvSettings.from_environ({}), settings=SimpleNamespace(current=settings),
-                           engine_by_kind={})
+                           engine_by_kind={}, throughput=ThroughputStore())
     for cls in host.engines:
         from hubpool_core.engine import EngineConfig
 
@@ -53,7 +55,7 @@ def placement(rounds: int = typer.Option(2000, "--rounds", min=10, max=1_000_000
                                           {"role": "user", "content": "hello"}], "options": {"num_ctx": 12_000}}
     results = []
     for size in (5, 20, 100):
-        peers = _pool(size)
+        peers = _pool(size, sorted(node.engine_by_kind) or ["engine"])
 
         def base() -> list:
             return build_candidates("m:8b", [], peers, load, local_affinity=1, pressure_weight=1, poll_seconds=30)

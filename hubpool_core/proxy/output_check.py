@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from typing import Any
 
 from hubpool_core.engine import NATIVE, OPENAI
@@ -81,8 +82,12 @@ class StreamJudge:
         self.final_seen = False
         self._partial = b""
         self._last = b""
+        self.last_object = b""
+        self.first_chunk_at: float | None = None
 
     def feed(self, chunk: bytes) -> None:
+        if self.first_chunk_at is None:
+            self.first_chunk_at = time.monotonic()
         data = self._partial + chunk
         lines = data.split(b"\n")
         self._partial = lines.pop()
@@ -95,6 +100,8 @@ class StreamJudge:
             if self.dialect == OPENAI and not line.startswith(b"data:"):
                 continue  # SSE comments and event names
             self._last = frame
+            if frame.startswith(b"{"):
+                self.last_object = frame  # the final JSON frame carries the engine's timings
             if self.dialect == OPENAI and frame.startswith(b'{"error"'):
                 self.error_frame = True
             if needs_frames or b'"error"' in frame[:16]:

@@ -33,6 +33,7 @@ from hubpool_core.proxy.output_check import (
 )
 from hubpool_core.proxy.translate import NativeToOpenAI
 from hubpool_core.quarantine import DROPPED
+from hubpool_core.throughput import MIN_PROMPT_TOKENS
 
 log = logging.getLogger("hubpool.relay")
 
@@ -81,6 +82,8 @@ class RelayPlan:
     pin_note: str | None = None
     #: options.num_ctx on the native routes (the window the request asks for), else None
     num_ctx: int | None = None
+    #: the pool's own prompt estimate, bytes / 4 of the body as forwarded
+    estimated_tokens: int = 0
     #: the placement context and the stages observing the walk (affinity remembers here)
     context: Any = None
     observers: list[Any] = field(default_factory=list)
@@ -260,6 +263,9 @@ class RelayResponse(Response):
             log_.touch(row, node=plan.inbound_from or cand.node, peerId=cand.peer_id, backend=cand.backend,
                        attempt=attempt)
             work = (cand.backend, plan.model, plan.num_ctx) if cand.is_local else None
+            # a sample is taken only when the node had nothing else in flight, as far as we can tell
+            alone = (load.local == 0) if cand.is_local else (cand.in_flight == 0)
+            attempt_started = time.monotonic()
             load.acquire(cand.peer_id, work)
             released = False
             try:
@@ -273,6 +279,9 @@ class RelayResponse(Response):
                                       "answered yet")
                     return
                 except asyncio.TimeoutError:
+                    if plan.stream and plan.route in COMPLETION_ROUTES:
+                        self.node.throughput.record_deadline_miss(cand.node, cand.backend, fold_model_id(plan.model),
+                                                                  plan.estimated_tokens, plan.budget_ms)
                     raise _Failed(None, f"No response headers within {plan.budget_ms}ms", deadline=True) from None
                 except aiohttp.ClientError as exc:
                     raise _Failed(None, f"fetch failed ({_transport_code(exc)})") from None
@@ -308,7 +317,10 @@ class RelayResponse(Response):
                     else:
                         self._clean(cand)
                 try:
-                    await self._commit(send, gone, upstream, cand, translator, started, held=held, judged=judged)
+                    judge = await self._commit(send, gone, upstream, cand, translator, started, held=held,
+                                               judged=judged)
+                    if judged and alone and status == 200 and row["outcome"] == "served":
+                        self._sample(cand, attempt_started, held, judge)
                 finally:
                     load.release(cand.peer_id, work)
                     released = True
@@ -523,6 +535,38 @@ class RelayResponse(Response):
             upstream.release() if upstream.content.at_eof() else upstream.close()
         row["totalMs"] = int((time.monotonic() - started) * 1000)
         log_.touch(row)
+        return judge
+
+    def _sample(self, cand: Candidate, attempt_started: float, held: bytes | None, judge: Any) -> None:
+        """Throughput evidence from an answer that completed cleanly: the engine's own timings
+        when it reports them, else a stream's wait for its first byte."""
+        plan = self.plan
+        if plan.estimated_tokens < MIN_PROMPT_TOKENS:
+            return  # mostly fixed cost: neither measured nor judged
+        engine = self._engine_for(cand)
+        raw = held if held is not None else (judge.last_object if judge is not None else b"")
+        try:
+            obj = json.loads(raw) if raw else None
+        except (ValueError, UnicodeDecodeError):
+            obj = None
+        timings = None
+        if engine is not None and isinstance(obj, dict):
+            try:
+                timings = engine.timings(obj)
+            except Exception:  # noqa: BLE001 - a plugin bug means no sample
+                timings = None
+        model = fold_model_id(plan.model)
+        store = self.node.throughput
+        if timings is not None and timings.prefill_ms:
+            store.record_prefill(cand.node, cand.backend, model, plan.estimated_tokens, timings.prefill_ms,
+                                 prompt_tokens=timings.prompt_tokens, cached_tokens=timings.cached_tokens)
+        elif judge is not None and judge.first_chunk_at is not None:
+            waited = (judge.first_chunk_at - attempt_started) * 1000
+            store.record_prefill(cand.node, cand.backend, model, plan.estimated_tokens, waited, first_byte=True,
+                                 prompt_tokens=timings.prompt_tokens if timings else None,
+                                 cached_tokens=timings.cached_tokens if timings else None)
+        if timings is not None and timings.decode_tokens and timings.decode_ms:
+            store.record_decode(cand.node, cand.backend, model, timings.decode_tokens, timings.decode_ms)
 
     async def _relay_translated(self, send: Any, gone: asyncio.Event, upstream: aiohttp.ClientResponse,
                                 translator: NativeToOpenAI, streamed: bool,
