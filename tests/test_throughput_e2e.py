@@ -50,3 +50,92 @@ def test_a_long_prompt_is_measured_advertised_and_seen_by_a_peer(tmp_path):
         finally:
             for n in nodes.values():
                 n.stop()
+
+
+def test_a_cpu_node_measured_slow_stops_getting_the_long_prompt(tmp_path):
+    """spec: 2026-09-17 — fzzy (CPU) read 10.6k tokens at ~123 tok/s and never answered 46k; core-6
+    (GPU) read 48k at ~496 tok/s. Rates scaled 16x here so the test runs in seconds."""
+    cpu = SimConfig(flavor="ollama", models=[SimModel("coder:30b", window=131072)], prefill_tps=2000)
+    gpu = SimConfig(flavor="ollama", models=[SimModel("coder:30b", window=131072)], prefill_tps=8000)
+    with run_in_thread(cpu) as sim_b, run_in_thread(gpu) as sim_c:
+        nodes = make_pool(tmp_path, ["hub-a", "hub-b", "hub-c"],
+                          per_node={"hub-b": {"OLLAMA_URL": sim_b.url}, "hub-c": {"OLLAMA_URL": sim_c.url}})
+        for n in nodes.values():
+            n.start()
+        a = nodes["hub-a"]
+        try:
+            for other in ("hub-b", "hub-c"):
+                pin = op(nodes[other], "POST", "/pairing-pin")["pin"]
+                op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn(other), "pin": pin})
+                op(nodes[other], "POST", f"/peers/{fqdn('hub-a')}/approve")
+            a.run(a.node.health.poll_once())
+            a.node.budgets.connect_ms = a.node.budgets.completion_ms = 12_000  # shortened for the test
+
+            def ask(tokens):
+                text = "word " * int(tokens * 4 / 5)
+                r = httpx.post(a.url + "/api/chat", json={"model": "coder:30b", "stream": False,
+                                                           "messages": [{"role": "user", "content": text}]},
+                               timeout=120)
+                assert r.status_code == 200, r.text
+                return r.headers["x-hub-pool-served-by"], r.headers["x-hub-pool-request-id"]
+
+            b_id = a.node.peers.by_fqdn(fqdn("hub-b")).id
+            op(a, "POST", "/pins", {"scope": "default", "targetKind": "peer", "targetPeerId": b_id})
+            assert ask(10_600)[0] == fqdn("hub-b")  # the CPU node reads a 10.6k turn in ~5 s
+            c_id = a.node.peers.by_fqdn(fqdn("hub-c")).id
+            op(a, "POST", "/pins", {"scope": "default", "targetKind": "peer", "targetPeerId": c_id})
+            assert ask(10_600)[0] == fqdn("hub-c")
+            op(a, "DELETE", "/pins?scope=default")
+            # with no evidence the ranker would put hub-b first (a tie, and it comes first in the table)
+            served, rid = ask(46_000)
+            assert served == fqdn("hub-c")
+            row = next(e for e in op(a, "GET", "/routing-log")["entries"] if e["id"] == rid)
+            section = row["throughput"]
+            by_node = {e["node"]: e for e in section["estimates"]}
+            assert by_node[fqdn("hub-b")]["extrapolated"] is True  # read forward from the 10.6k measurement
+            # both meet the 920 s budget sized at 50 tok/s; the much-slower rule is what moves it
+            assert by_node[fqdn("hub-b")]["predictedMs"] >= 3 * by_node[fqdn("hub-c")]["predictedMs"]
+            demoted = section["slowerDemoted"]
+            assert demoted and demoted[0]["node"] == fqdn("hub-b") and demoted[0]["fasterNode"] == fqdn("hub-c")
+            # with the budget's floor rate raised (scaled like the rates), the CPU node is predicted to miss
+            a.node.budgets.min_prefill_tps = 1000  # budget for 46k: 46 s; hub-b is predicted at ~69 s
+            served, rid = ask(46_000)
+            assert served == fqdn("hub-c")
+            section = next(e for e in op(a, "GET", "/routing-log")["entries"] if e["id"] == rid)["throughput"]
+            by_node = {e["node"]: e for e in section["estimates"]}
+            assert by_node[fqdn("hub-b")]["slow"] is True and by_node[fqdn("hub-c")]["slow"] is False
+        finally:
+            for n in nodes.values():
+                n.stop()
+
+
+def test_status_shows_context_caps_and_measured_speed(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    cfg = SimConfig(flavor="ollama", models=[SimModel("big:8b", window=65536)], prefill_tps=20_000)
+    with run_in_thread(cfg) as sim:
+        nodes = make_pool(tmp_path, ["hub-a", "hub-b"], per_node={"hub-a": {"OLLAMA_URL": sim.url}})
+        for n in nodes.values():
+            n.start()
+        a, b = nodes["hub-a"], nodes["hub-b"]
+        try:
+            pin = op(b, "POST", "/pairing-pin")["pin"]
+            op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn("hub-b"), "pin": pin})
+            op(b, "POST", f"/peers/{fqdn('hub-a')}/approve")
+            a.run(a.node.health.poll_once())
+            with a.client(headers=a.headers()) as c:
+                c.patch("/api/inference/preferences", json={"maxNumCtx": 16384})
+            httpx.post(a.url + "/api/chat", json={"model": "big:8b", "stream": False,
+                                                  "messages": [{"role": "user", "content": "word " * 5000}]})
+            env = {**os.environ, "HUB_POOL_DATA_DIR": str(a.env.data_dir), "HUB_POOL_LISTEN": f"127.0.0.1:{a.port}",
+                   "COLUMNS": "200"}
+            out = subprocess.run([sys.executable, "-m", "hubpool_core.cli", "status"], capture_output=True,
+                                 text=True, env=env, timeout=60, stdin=subprocess.DEVNULL).stdout
+            assert "Context caps" in out and "16384" in out
+            assert f"{fqdn('hub-b')}" in out.split("Context caps")[1] and "none" in out.split("Context caps")[1]
+            assert "Measured speed (prefill)" in out and "big:8b" in out.split("Measured speed")[1]
+        finally:
+            for n in nodes.values():
+                n.stop()

@@ -83,7 +83,53 @@ def _status_lines(s: dict[str, Any]) -> list[str]:
                                       f"healthPoll={flag(st.get('poolHealthPollSeconds'))}s"))
     lines.append(labelled("Routing log", counts_line(s.get("routing") or {})))
     lines += [""] + _this_node(s) + [""] + _pins(s) + [""] + _peers(s)
+    for block in (_context_caps(s), _measured_speed(s)):
+        if block:
+            lines += [""] + block
     return lines
+
+
+def _cap_reading(peer: dict[str, Any]) -> str:
+    """Three readings that never share a cell: a number, none (answered, no cap), ? (unknown)."""
+    if peer.get("maxNumCtx"):
+        return str(peer["maxNumCtx"])
+    return "none" if peer.get("lastCapabilities") else "?"
+
+
+def _context_caps(s: dict[str, Any]) -> list[str]:
+    own = (s.get("localNode") or {}).get("maxNumCtx")
+    peers = [p for p in s.get("peers") or [] if p.get("status") == "connected"]
+    readings = {"this node": str(own) if own else "none", **{p["nodeFqdn"]: _cap_reading(p) for p in peers}}
+    numbers = {n: int(r) for n, r in readings.items() if r.isdigit()}
+    if not numbers:
+        return []  # shown once any node is capped
+    lines = ["Context caps"] + [f"  {name:<40} {reading}" for name, reading in readings.items()]
+    uncapped = [n for n, r in readings.items() if r == "none"]
+    if uncapped:
+        lines.append(f"  ! {', '.join(uncapped)} state no cap among capped nodes: they read as 'takes any window' "
+                     "and collect the windows their engine may not run (`hubpool context-cap N` there)")
+    if len(set(numbers.values())) > 1:
+        lines.append("  ! caps disagree: a low-capped node stops taking large windows while passing every health check")
+    return lines
+
+
+def _speed_rows(node: str, estimates: list[dict[str, Any]], source: str) -> list[str]:
+    rows = []
+    for e in estimates or []:
+        bands = ", ".join(f"{b.get('tokensPerSec')} tok/s from {b.get('fromTokens')}"
+                          + (" (missed its deadline)" if b.get("deadline") else "") for b in e.get("prefill") or [])
+        if bands:
+            rows.append(f"  {node:<34} {e.get('backend', '?'):<9} {e.get('model', '?'):<20} {bands}  [{source}]")
+    return rows
+
+
+def _measured_speed(s: dict[str, Any]) -> list[str]:
+    rows = _speed_rows("this node", (s.get("localNode") or {}).get("throughput") or [], "own")
+    for p in s.get("peers") or []:
+        t = p.get("throughput") or {}
+        rows += _speed_rows(p.get("nodeFqdn") or "?", t.get("observed") or [], "timed here")
+        rows += _speed_rows(p.get("nodeFqdn") or "?", t.get("advertised") or [], "advertised")
+    return ["Measured speed (prefill)"] + rows if rows else []
 
 
 def _this_node(s: dict[str, Any]) -> list[str]:
