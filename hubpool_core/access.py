@@ -21,7 +21,7 @@ _PRIVATE = [
 ]
 
 
-def _addr(value: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+def parse_ip(value: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     if not value:
         return None
     try:
@@ -34,7 +34,7 @@ def _addr(value: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | 
 
 
 def is_inside(value: str | None, *, tailnet_inside: bool) -> bool:
-    addr = _addr(value)
+    addr = parse_ip(value)
     if addr is None:
         return False
     if addr in TAILNET_V4 or addr in TAILNET_V6:
@@ -97,7 +97,7 @@ def inference_refusal(client_ip: str | None, headers: dict[str, str], keys: KeyS
 
 
 #: Routes a qa:read key may GET (spec: "Reading these without an operator credential").
-QA_READ_ROUTES = frozenset({"/api/inference/pool/status", "/api/inference/pool/routing-log"})
+QA_READ_ROUTES = frozenset({"/api/inference/pool/status", "/api/inference/pool/routing-log", "/metrics"})
 
 
 def operator_refusal(method: str, path: str, headers: dict[str, str], keys: KeyStore) -> tuple[int, dict] | Principal:
@@ -117,12 +117,10 @@ def operator_refusal(method: str, path: str, headers: dict[str, str], keys: KeyS
     if method not in ("GET", "HEAD"):
         # spec: a read-only key on a write is 401, as if it were no credential at all
         return 401, {"error": "Invalid operator credential for a write", "code": "AUTH_ERROR_INVALID_CREDENTIAL"}
-    if principal.scope == "operator":
-        return principal
     if principal.scope == "qa:read" and path in QA_READ_ROUTES:
         return principal
     if principal.scope == "qa:read":
-        return 403, {"error": "A qa:read key reads only pool status and the routing log",
+        return 403, {"error": "A qa:read key reads only pool status, the routing log and the metrics",
                      "code": "AUTH_ERROR_QA_READ_KEY_ROUTE_NOT_ALLOWED"}
     return 403, {"error": f"A key of scope {principal.scope} cannot use operator routes",
                  "code": "AUTH_ERROR_SCOPE"}

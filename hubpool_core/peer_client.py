@@ -57,10 +57,10 @@ class PeerClient:
                 and not self.node.settings.current.poolRequireSignedPeers and not prefer_signed)
 
     async def auth_headers(self, row: PoolPeer, method: str, path: str, body: Any,
-                           prefer_signed: bool = False) -> dict[str, str]:
+                           prefer_signed: bool = False, bearer_only: bool = False) -> dict[str, str]:
         identity = self.node.identity.get()
         self_fqdn = await self.node.tailnet.self_fqdn()
-        if (identity is not None and identity.signing_key is not None and row.peer_node_uuid
+        if (not bearer_only and identity is not None and identity.signing_key is not None and row.peer_node_uuid
                 and row.peer_public_key and not self._holding_back(row, prefer_signed)):
             return sign_headers(identity, method, path, identity.node_uuid, self_fqdn, row.peer_node_uuid, body)
         if self.node.settings.current.poolRequireSignedPeers:
@@ -84,8 +84,7 @@ class PeerClient:
         answer = await self._send(row.node_fqdn, method, path, body, headers, timeout)
         if (fallback_to_bearer and answer.status_code in (401, 403) and "X-Hub-Pool-Node" in headers
                 and row.present_token_encrypted and not self.node.settings.current.poolRequireSignedPeers):
-            bearer = await self.auth_headers(row.__class__(**{**_columns(row), "peer_public_key": None}),
-                                             method, path, body)
+            bearer = await self.auth_headers(row, method, path, body, bearer_only=True)
             answer = await self._send(row.node_fqdn, method, path, body, bearer, timeout)
         return answer
 
@@ -94,6 +93,3 @@ class PeerClient:
         return await self.http.request(method, self.base_url(fqdn) + path, json=body if body is not None else None,
                                        headers=headers, timeout=timeout)
 
-
-def _columns(row: PoolPeer) -> dict[str, Any]:
-    return {c.name: getattr(row, c.name) for c in row.__table__.columns}

@@ -8,53 +8,33 @@ needs a key). A credential that is sent is always checked, from loopback too.
 
 from __future__ import annotations
 
-import ipaddress
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from hubpool_core.access import PROVENANCE_HEADERS, bearer
+from hubpool_core.access import PROVENANCE_HEADERS, bearer, operator_refusal, parse_ip
 from hubpool_core.metrics import CONTENT_TYPE, install
 
-#: key scopes that may read the metrics
-READERS = frozenset({"operator", "qa:read"})
-
-
-def _loopback(value: str | None) -> bool:
-    try:
-        addr = ipaddress.ip_address((value or "").strip().strip("[]"))
-    except ValueError:
-        return False
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped:
-        addr = addr.ipv4_mapped
-    return addr.is_loopback
-
-
 def from_loopback(client_ip: str | None, headers: dict[str, str]) -> bool:
-    if not _loopback(client_ip) or any(h in headers for h in PROVENANCE_HEADERS):
+    """A loopback caller with no provenance header and only loopback forwarding hops."""
+    def loopback(value: str | None) -> bool:
+        addr = parse_ip(value)
+        return addr is not None and addr.is_loopback
+
+    if not loopback(client_ip) or any(h in headers for h in PROVENANCE_HEADERS):
         return False
     forwarded = headers.get("x-forwarded-for")
-    return not forwarded or all(_loopback(hop) for hop in forwarded.split(","))
+    return not forwarded or all(loopback(hop) for hop in forwarded.split(","))
 
 
 def refusal(client_ip: str | None, headers: dict[str, str], keys: Any) -> JSONResponse | None:
-    """``None`` when the caller may read the metrics, else the 401/403 answer."""
-    token = bearer(headers)
-    if token is None:
-        if from_loopback(client_ip, headers):
-            return None
-        return JSONResponse({"error": "Metrics need a credential from here: send Authorization: Bearer <operator "
-                             "key or qa:read key> (create one with `hubpool api-key create --scope qa:read`)",
-                             "code": "AUTH_ERROR_MISSING_CREDENTIAL"}, status_code=401)
-    principal = keys.resolve(token)
-    if principal is None:
-        return JSONResponse({"error": "Invalid credential", "code": "AUTH_ERROR_INVALID_CREDENTIAL"},
-                            status_code=401)
-    if principal.scope not in READERS:
-        return JSONResponse({"error": f"A key of scope {principal.scope} cannot read the metrics "
-                             "(an operator or qa:read key can)", "code": "AUTH_ERROR_SCOPE"}, status_code=403)
-    return None
+    """``None`` when the caller may read the metrics, else the operator routes' 401/403. A
+    credential that is sent is always checked, from loopback too."""
+    if bearer(headers) is None and from_loopback(client_ip, headers):
+        return None
+    result = operator_refusal("GET", "/metrics", headers, keys)  # an operator or qa:read key
+    return JSONResponse(result[1], status_code=result[0]) if isinstance(result, tuple) else None
 
 
 def build_router(node: Any) -> APIRouter:

@@ -511,7 +511,7 @@ class RelayResponse(Response):
             fields["reason"] = f"HTTP {status}"
         elif status >= 500:
             fields["reason"] = f"HTTP {status}"
-        fault = getattr(plan, "row_fault", None)
+        fault = plan.row_fault
         if fault is not None:
             fields.update(outcome="failed", reason=fault,
                           requestError={"signature": fault, "basis": "node", "confirms": None})
