@@ -128,3 +128,25 @@ def make_pool(root: Path, names: list[str], environ: dict[str, str] | None = Non
         env.update((per_node or {}).get(name, {}))
         nodes[name] = RunningNode(root / name, env, sock=socks[name])
     return nodes
+
+
+def name_of(node: RunningNode) -> str:
+    """A make_pool node's tailnet name (its data directory is named after it)."""
+    return fqdn(node.env.data_dir.name)
+
+
+def pair(requester: RunningNode, approver: RunningNode, pin: bool = True) -> None:
+    """Pair two running nodes as an operator does: a PIN minted on the approver (optional),
+    the request sent from the requester, the approval given on the approver."""
+    body: dict[str, Any] = {"nodeFqdn": name_of(approver)}
+    with approver.client(headers=approver.headers()) as c:
+        if pin:
+            r = c.post("/api/inference/pool/pairing-pin")
+            assert r.status_code == 200, r.text
+            body["pin"] = r.json()["pin"]
+    with requester.client(headers=requester.headers()) as c:
+        r = c.post("/api/inference/pool/peers/pair", json=body)
+        assert r.status_code == 200, r.text
+    with approver.client(headers=approver.headers()) as c:
+        r = c.post(f"/api/inference/pool/peers/{name_of(requester)}/approve")
+        assert r.status_code == 200, r.text

@@ -10,7 +10,7 @@ import sys
 import httpx
 import pytest
 
-from harness import RunningNode, fqdn, make_pool
+from harness import RunningNode, make_pool, pair
 from hubpool_sim import SimConfig, SimModel, run_in_thread
 
 P = "/api/inference/pool"
@@ -87,11 +87,7 @@ def test_the_handout_caps_at_the_largest_cap_among_serving_nodes(tmp_path):
                 other = nodes[name]
                 with other.client(headers=other.headers()) as c:
                     c.patch("/api/inference/preferences", json={"maxNumCtx": cap})
-                    pin = c.post(P + "/pairing-pin").json()["pin"]
-                with a.client(headers=a.headers()) as c:
-                    c.post(P + "/peers/pair", json={"nodeFqdn": fqdn(name), "pin": pin})
-                with other.client(headers=other.headers()) as c:
-                    c.post(P + f"/peers/{fqdn('hub-a')}/approve")
+                pair(a, other)
             a.run(a.node.health.poll_once())
             h = httpx.get(a.url + P + "/handout").json()
             assert h["model"] == "big:30b" and h["numCtx"] == 65536  # the largest, not the smallest

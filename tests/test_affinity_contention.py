@@ -10,7 +10,7 @@ from contextlib import ExitStack
 import httpx
 import pytest
 
-from harness import fqdn, make_pool
+from harness import fqdn, make_pool, pair
 from hubpool_sim import SimConfig, SimModel, run_in_thread
 
 P = "/api/inference/pool"
@@ -55,8 +55,7 @@ def pair(tmp_path):
         for n in nodes.values():
             n.start()
         a, b = nodes["hub-a"], nodes["hub-b"]
-        op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn("hub-b"), "pin": op(b, "POST", "/pairing-pin")["pin"]})
-        op(b, "POST", f"/peers/{fqdn('hub-a')}/approve")
+        pair(a, b)
         poll_all(nodes)
         poll_all(nodes)  # a second round: the pairing now signs both ways
         yield nodes, sims

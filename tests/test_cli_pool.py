@@ -14,7 +14,7 @@ from contextlib import ExitStack
 import httpx
 import pytest
 
-from harness import RunningNode, fqdn, make_pool
+from harness import RunningNode, fqdn, make_pool, pair
 from hubpool_core.cli.format import counts_line, peer_context, peer_engines, peer_status
 from hubpool_core.cli.log_commands import annotations
 from hubpool_core.cli.status_commands import _peers
@@ -97,8 +97,7 @@ def pool(tmp_path):
         for n in nodes.values():
             n.start()
         a, b = nodes["hub-a"], nodes["hub-b"]
-        op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn("hub-b"), "pin": op(b, "POST", "/pairing-pin")["pin"]})
-        op(b, "POST", f"/peers/{fqdn('hub-a')}/approve")
+        pair(a, b)
         poll(a, b)
         poll(a, b)
         yield nodes, sims

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness import fqdn, make_pool
+from harness import fqdn, make_pool, pair
 from hubpool_core.metrics import REASON_KINDS, NodeMetrics, reason_kind
 from hubpool_core.quarantine import Quarantine
 from hubpool_core.routing_log import RoutingLog
@@ -93,8 +93,7 @@ def pool(tmp_path):
         for n in nodes.values():
             n.start()
         a, b = nodes["hub-a"], nodes["hub-b"]
-        op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn("hub-b"), "pin": op(b, "POST", "/pairing-pin")["pin"]})
-        op(b, "POST", f"/peers/{fqdn('hub-a')}/approve")
+        pair(a, b)
         poll_all(nodes)
         poll_all(nodes)  # a second round: the pairing now signs both ways
         yield nodes, sims

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from harness import fqdn, make_pool
+from harness import fqdn, make_pool, pair
 from hubpool_amd_drm.source import AmdDrmPressure
 from hubpool_core.containers import clamp_containers
 from hubpool_core.pressure_bands import BandQuantiser
@@ -111,13 +111,7 @@ def test_a_busy_peer_loses_a_tie_at_weight_1_and_wins_it_at_weight_0(tmp_path):
         a, b, c = nodes["hub-a"], nodes["hub-b"], nodes["hub-c"]
         try:
             for other in (b, c):
-                with other.client(headers=other.headers()) as cl:
-                    pin = cl.post(P + "/pairing-pin").json()["pin"]
-                name = fqdn(other.env.data_dir.name)
-                with a.client(headers=a.headers()) as cl:
-                    assert cl.post(P + "/peers/pair", json={"nodeFqdn": name, "pin": pin}).status_code == 200
-                with other.client(headers=other.headers()) as cl:
-                    cl.post(P + f"/peers/{fqdn('hub-a')}/approve")
+                pair(a, other)
             assert b.run(b.node.pressure.sample_once()) == 3
             assert c.run(c.node.pressure.sample_once()) is None
             a.run(a.node.health.poll_once())

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from harness import fqdn, make_pool
+from harness import pair as pair_nodes
 from hubpool_sim import SimConfig, SimModel, run_in_thread
 from hubpool_sim.testing import wait_until
 
@@ -65,8 +66,7 @@ def pair(tmp_path):
         for n in nodes.values():
             n.start()
         a, b = nodes["hub-a"], nodes["hub-b"]
-        op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn("hub-b"), "pin": op(b, "POST", "/pairing-pin")["pin"]})
-        op(b, "POST", f"/peers/{fqdn('hub-a')}/approve")
+        pair_nodes(a, b)
         for _ in range(2):  # a second round: the pairing now signs both ways
             for n in nodes.values():
                 poll(n)

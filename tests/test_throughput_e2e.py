@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 
-from harness import fqdn, make_pool
+from harness import fqdn, make_pool, pair
 from hubpool_sim import SimConfig, SimModel, run_in_thread
 
 P = "/api/inference/pool"
@@ -26,9 +26,7 @@ def test_a_long_prompt_is_measured_advertised_and_seen_by_a_peer(tmp_path):
             n.start()
         a, b = nodes["hub-a"], nodes["hub-b"]
         try:
-            pin = op(b, "POST", "/pairing-pin")["pin"]
-            op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn("hub-b"), "pin": pin})
-            op(b, "POST", f"/peers/{fqdn('hub-a')}/approve")
+            pair(a, b)
             a.run(a.node.health.poll_once())
             small = httpx.post(b.url + "/api/chat", json={"model": "big:8b", "stream": False,
                                                           "messages": [{"role": "user", "content": "hi"}]})
@@ -65,9 +63,7 @@ def test_a_cpu_node_measured_slow_stops_getting_the_long_prompt(tmp_path):
         a = nodes["hub-a"]
         try:
             for other in ("hub-b", "hub-c"):
-                pin = op(nodes[other], "POST", "/pairing-pin")["pin"]
-                op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn(other), "pin": pin})
-                op(nodes[other], "POST", f"/peers/{fqdn('hub-a')}/approve")
+                pair(a, nodes[other])
             a.run(a.node.health.poll_once())
             a.node.budgets.connect_ms = a.node.budgets.completion_ms = 12_000  # shortened for the test
 
@@ -121,9 +117,7 @@ def test_status_shows_context_caps_and_measured_speed(tmp_path):
             n.start()
         a, b = nodes["hub-a"], nodes["hub-b"]
         try:
-            pin = op(b, "POST", "/pairing-pin")["pin"]
-            op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn("hub-b"), "pin": pin})
-            op(b, "POST", f"/peers/{fqdn('hub-a')}/approve")
+            pair(a, b)
             a.run(a.node.health.poll_once())
             with a.client(headers=a.headers()) as c:
                 c.patch("/api/inference/preferences", json={"maxNumCtx": 16384})

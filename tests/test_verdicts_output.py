@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 from contextlib import ExitStack
 
@@ -14,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness import RunningNode, fqdn, make_pool
+from harness import RunningNode, make_pool, pair
 from hubpool_core.placement import Candidate, PlacementContext, run_stages
 from hubpool_sim import SimConfig, SimModel, run_in_thread
 
@@ -45,9 +44,7 @@ def trio(tmp_path):
             n.start()
         a = nodes["hub-a"]
         for other in ("hub-b", "hub-c"):
-            pin = op(nodes[other], "POST", "/pairing-pin")["pin"]
-            op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn(other), "pin": pin})
-            op(nodes[other], "POST", f"/peers/{fqdn('hub-a')}/approve")
+            pair(a, nodes[other])
         a.run(a.node.health.poll_once())
         yield nodes, sims
         for n in nodes.values():
