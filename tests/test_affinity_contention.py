@@ -10,7 +10,8 @@ from contextlib import ExitStack
 import httpx
 import pytest
 
-from harness import fqdn, make_pool, pair
+from harness import fqdn, make_pool
+from harness import pair as pair_nodes
 from hubpool_sim import SimConfig, SimModel, run_in_thread
 
 P = "/api/inference/pool"
@@ -55,7 +56,7 @@ def pair(tmp_path):
         for n in nodes.values():
             n.start()
         a, b = nodes["hub-a"], nodes["hub-b"]
-        pair(a, b)
+        pair_nodes(a, b)
         poll_all(nodes)
         poll_all(nodes)  # a second round: the pairing now signs both ways
         yield nodes, sims
