@@ -244,6 +244,11 @@ def _parse_port(port_text: str, text: str) -> int:
 
 
 def _checked_hostname(host: str) -> str:
+    if not host.isascii():
+        # lower() folds some non-ASCII letters into ASCII (KELVIN SIGN -> "k"), so the name
+        # dialled would not be the name typed; IDNs must arrive in their xn-- form.
+        raise ValueError(f"'{host}' contains non-ASCII characters; write an internationalised name in its "
+                         f"xn-- form ({_EXAMPLE}).")
     name = host.lower()
     if name.endswith("."):
         name = name[:-1]
@@ -307,9 +312,26 @@ def is_allowed_peer_ip(ip: str | IPAddress, *, allow_loopback: bool = False) -> 
     return allow_loopback and any(parsed in net for net in _LOOPBACK_NETWORKS)
 
 
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
+
+
+def _embedded_ipv4(ip: IPAddress) -> ipaddress.IPv4Address | None:
+    """The IPv4 address a NAT64, 6to4 or IPv4-compatible IPv6 address carries (refused either
+    way; named so the operator sees which host it would have reached)."""
+    if not isinstance(ip, ipaddress.IPv6Address):
+        return None
+    if ip in _NAT64 or (ip in _IPV4_COMPATIBLE and int(ip) > 1):
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return ip.sixtofour
+
+
 def _kind_of(ip: IPAddress) -> str:
     """What an address is, in words, for a refusal sentence."""
     ip = _unmapped(ip)
+    embedded = _embedded_ipv4(ip)
+    if embedded is not None:
+        return f"an IPv6 address embedding the IPv4 address {embedded} ({_kind_of(embedded)})"
     if ip.is_loopback:
         return (
             "loopback (this machine); loopback peers are allowed only with "

@@ -390,7 +390,7 @@ class Pairing:
 def _json(answer: httpx.Response) -> Any:
     try:
         return answer.json()
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 

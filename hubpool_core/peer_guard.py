@@ -7,6 +7,7 @@ Every refusal is a 401 with one of the reference texts; the only named refusal i
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hubpool_core.access import bearer
@@ -34,8 +35,35 @@ class PeerRefused(Exception):
         self.message, self.headers, self.status = message, headers or {}, status
 
 
-def admit(node: Any, method: str, path: str, headers: dict[str, str], body: Any) -> PoolPeer:
-    """The peer row behind a request, or PeerRefused. ``headers`` has lower-case keys."""
+#: Headers that carry a credential or a signed value. A request repeating any of them is
+#: refused: two copies are ambiguous (a proxy may keep the first, we the last), and that
+#: ambiguity is how a signed value gets smuggled past a check that read the other copy.
+CREDENTIAL_HEADERS = frozenset({
+    "authorization", "x-hub-pool-node", "x-hub-pool-peer", "x-hub-pool-timestamp",
+    "x-hub-pool-nonce", "x-hub-pool-signature", "x-hub-pool-recipient",
+})
+
+
+def single_valued(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> dict[str, str]:
+    """Lower-cased header dict from a mapping or a list of (name, value) pairs (Starlette's
+    ``request.headers.items()`` keeps repeats); PeerRefused when a credential header repeats."""
+    pairs = headers.items() if isinstance(headers, Mapping) else headers
+    out: dict[str, str] = {}
+    for name, value in pairs:
+        key = str(name).lower()
+        if key in out:
+            if key in CREDENTIAL_HEADERS:
+                raise PeerRefused(INVALID)
+            continue  # a repeated ordinary header keeps its first value (protocol.md §2a)
+        out[key] = value
+    return out
+
+
+def admit(node: Any, method: str, path: str, headers: Mapping[str, str] | Iterable[tuple[str, str]],
+          body: Any) -> PoolPeer:
+    """The peer row behind a request, or PeerRefused. ``headers`` is a mapping or the request's
+    raw (name, value) pairs; pass the pairs, so a repeated credential header is seen and refused."""
+    headers = single_valued(headers)
     if headers.get("x-hub-pool-node"):
         return _admit_signed(node, method, path, headers, body)
     return _admit_bearer(node, headers)

@@ -564,8 +564,9 @@ class NonceCache:
     """Bounded single-use memory of nonces seen inside the skew window (§2e "Nonce cache").
 
     Keys are ``"<senderUuid>:<nonce>"`` — per sender, so nobody can "spend" another peer's
-    nonce by replaying it first. Each entry carries ``expires_at_ms`` (``ts + 300 000``) and is
-    expired once ``expires_at_ms <= now``.
+    nonce by replaying it first. Each entry carries ``expires_at_ms`` (:func:`verify_headers` stores
+    ``ts + 300 001``, so the nonce outlives the last ms the window admits) and is expired once
+    ``expires_at_ms <= now``.
 
     Fails CLOSED: at ``max_entries`` it prunes expired entries and, if still full, refuses the
     new nonce rather than evicting a live one — evicting is exactly what would reopen a replay.
@@ -575,10 +576,18 @@ class NonceCache:
     :data:`PEER_NONCE_SWEEP_MS` if memory after a burst matters; correctness does not need it.
     """
 
-    def __init__(self, max_entries: int = PEER_NONCE_CACHE_MAX, clock: Callable[[], int] = _now_ms):
+    def __init__(self, max_entries: int = PEER_NONCE_CACHE_MAX, clock: Callable[[], int] = _now_ms,
+                 not_before_ms: int | None = None):
         self.max_entries = max_entries
+        #: Timestamps before this were signed while the cache did not exist, so whether their
+        #: nonce was already spent is unknowable: :func:`verify_headers` refuses them
+        #: (``before_start``). The node sets it to its start time; None checks nothing.
+        self.not_before_ms = not_before_ms
         self._clock = clock
         self._seen: dict[str, int] = {}
+        # Earliest expiry held: a full cache under a flood answers "still full" without scanning
+        # 10 000 live entries per refused request (the scan made each junk nonce cost ~0.2 ms).
+        self._earliest: int | None = None
         self._lock = threading.Lock()
 
     def remember(self, key: str, expires_at_ms: int, now_ms: int | None = None) -> str | None:
@@ -593,6 +602,8 @@ class NonceCache:
                 if len(self._seen) >= self.max_entries:
                     return "nonce_cache_full"
             self._seen[key] = expires_at_ms
+            if self._earliest is None or expires_at_ms < self._earliest:
+                self._earliest = expires_at_ms
             return None
 
     def sweep(self, now_ms: int | None = None) -> int:
@@ -602,9 +613,12 @@ class NonceCache:
             return self._prune(now)
 
     def _prune(self, now: int) -> int:
+        if self._earliest is None or self._earliest > now:
+            return 0
         expired = [key for key, expires_at in self._seen.items() if expires_at <= now]
         for key in expired:
             del self._seen[key]
+        self._earliest = min(self._seen.values(), default=None)
         return len(expired)
 
     def __len__(self) -> int:
@@ -627,7 +641,7 @@ class Verdict:
     then None and ``sender_uuid``/``sender_fqdn`` hold the authenticated sender UUID and its
     normalised FQDN (the guard records an FQDN that differs from the peer row, §2e guard step
     6). On failure ``reason`` is one of ``missing_headers``, ``bad_peer_fqdn``,
-    ``bad_signature_encoding``, ``bad_timestamp``, ``expired``, ``replayed``,
+    ``bad_signature_encoding``, ``bad_timestamp``, ``expired``, ``before_start``, ``replayed``,
     ``nonce_cache_full`` or ``bad_signature`` — for logs and tests only; every one of them is the
     same 401 ``Invalid pool peer credentials`` to the caller.
     """
@@ -701,6 +715,7 @@ def verify_headers(
     ``bad_peer_fqdn`` (``X-Hub-Pool-Peer`` does not normalise; guard step 4) →
     ``bad_signature_encoding`` (no ``v1.ed25519.`` prefix) → ``bad_timestamp`` (JavaScript
     ``Number(ts)`` not a finite integer) → ``expired`` (``|now − ts| > 300 000``) →
+    ``before_start`` (ts earlier than ``nonces.not_before_ms``: signed before a restart) →
     ``replayed`` / ``nonce_cache_full`` (the nonce is remembered BEFORE the curve check, so a
     flood never reaches it) → ``bad_signature_encoding`` (key or signature undecodable) →
     ``bad_signature``. Line 7 of the rebuilt message is ``String(Number(ts))``, as in the
@@ -729,7 +744,15 @@ def verify_headers(
     if abs(now - timestamp_ms) > PEER_SIGNATURE_SKEW_MS:
         return Verdict(False, "expired")
 
-    refused = nonces.remember(f"{sender_uuid}:{nonce}", timestamp_ms + PEER_SIGNATURE_SKEW_MS, now)
+    not_before = getattr(nonces, "not_before_ms", None)
+    if not_before is not None and timestamp_ms < not_before:
+        # Signed before this cache existed (a restart emptied it): its nonce may have been spent
+        # already, and a replay of it would otherwise pass until ts + 300 s.
+        return Verdict(False, "before_start")
+
+    # Kept through ts + 300 000 inclusive: the window still admits a request at exactly that
+    # ms, so an entry that expired AT it (``<= now``) and got swept could be replayed then.
+    refused = nonces.remember(f"{sender_uuid}:{nonce}", timestamp_ms + PEER_SIGNATURE_SKEW_MS + 1, now)
     if refused is not None:
         return Verdict(False, refused)
 

@@ -401,7 +401,8 @@ def test_nonce_is_remembered_before_the_curve_check():
 def test_nonce_key_and_expiry():
     nonces = NonceCache()
     assert verify(signed(nonce=NONCE), nonces=nonces, now=TS + 5).ok
-    assert nonces._seen == {f"{SENDER}:{NONCE}": TS + PEER_SIGNATURE_SKEW_MS}
+    # + 1: the window admits ts + 300 000 itself, so the nonce must outlive that ms (issue 9)
+    assert nonces._seen == {f"{SENDER}:{NONCE}": TS + PEER_SIGNATURE_SKEW_MS + 1}
 
 
 def test_full_cache_fails_closed_and_prunes_expired_first():

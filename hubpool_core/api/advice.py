@@ -26,7 +26,7 @@ async def patch_preferences(request: Request) -> Response:
         return refused
     try:
         changes = json.loads(await request.body() or b"{}")
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return JSONResponse({"error": "Request body is not valid JSON"}, status_code=400)
     if not isinstance(changes, dict):
         return JSONResponse({"error": "Request body must be a JSON object"}, status_code=400)

@@ -40,7 +40,7 @@ def _refuse(node: Any, route: str, sender: str | None, request: Request, status:
 def _admitted(node: Any, request: Request, route: str) -> tuple[Any, JSONResponse | None]:
     raw_path = (request.scope.get("raw_path") or request.url.path.encode()).decode("latin-1")
     try:
-        row = admit(node, request.method, raw_path, dict(request.headers.items()), None)
+        row = admit(node, request.method, raw_path, request.headers.items(), None)
     except PeerRefused as exc:
         return None, _refuse(node, route, None, request, exc.status, exc.message, exc.headers)
     directions = node.directions()
@@ -116,12 +116,15 @@ async def local_show(request: Request) -> Response:
     _peer, refused = _admitted(node, request, "/api/show")
     if refused is not None:
         return refused
-    from hubpool_core.api.inference import describe_locally
+    from hubpool_core.api.inference import MODEL_REQUIRED, describe_locally
 
     try:
         raw, body = await read_json_object(request, node.env.max_body_bytes)
     except BadRequest as exc:
         return JSONResponse({"error": exc.message}, status_code=exc.status)
+    model = body.get("model") or body.get("name")
+    if not isinstance(model, str) or not model:  # a peer's bad body is a 400, as an app's is
+        return JSONResponse(MODEL_REQUIRED, status_code=400)
     answer = await describe_locally(node, raw, body)
     return answer or JSONResponse({"error": "model not found on this node"}, status_code=404)
 

@@ -48,7 +48,7 @@ async def patch_settings(request: Request) -> Response:
         return refused
     try:
         changes = json.loads(await request.body() or b"{}")
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         return JSONResponse({"error": f"Request body is not valid JSON ({exc})"}, status_code=400)
     if not isinstance(changes, dict):
         return JSONResponse({"error": "Request body must be a JSON object of settings"}, status_code=400)
@@ -173,7 +173,7 @@ async def add_pin(request: Request) -> Response:
     try:
         body = json.loads(await request.body() or b"{}")
         pin = Pin(**body) if isinstance(body, dict) else None
-    except (ValueError, TypeError, ValidationError) as exc:
+    except (ValueError, TypeError, ValidationError, RecursionError) as exc:
         return JSONResponse({"error": f"Invalid pin: {_first_error(exc)}"}, status_code=400)
     if pin is None:
         return JSONResponse({"error": "Request body must be a JSON object"}, status_code=400)

@@ -39,7 +39,7 @@ async def _body(request: Request) -> Any:
         return None
     try:
         return json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise PairingError(400, "Request body is not valid JSON") from None
 
 
@@ -57,6 +57,9 @@ def caller_source_ip(request: Request, trust_proxy: bool) -> str | None:
     headers = request.headers
     if not trust_proxy and (any(h in headers for h in PROVENANCE_HEADERS) or "x-forwarded-for" in headers):
         return None
+    if trust_proxy and "x-forwarded-for" in headers:
+        # the trusted proxy appends the address it saw: the last hop is the one it vouches for
+        return headers["x-forwarded-for"].split(",")[-1].strip() or None
     return request.client.host if request.client else None
 
 
@@ -65,7 +68,7 @@ async def _guarded(request: Request) -> tuple[PoolPeer, Any]:
     node = request.app.state.node
     # the reference verifies the still-encoded path (Express originalUrl), not the decoded one
     raw_path = request.scope.get("raw_path") or request.url.path.encode()
-    row = admit(node, request.method, raw_path.decode("latin-1"), dict(request.headers.items()), body)
+    row = admit(node, request.method, raw_path.decode("latin-1"), request.headers.items(), body)
     return row, body
 
 

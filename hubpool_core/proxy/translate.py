@@ -85,7 +85,7 @@ def _tool_calls_to_native(calls: Any) -> list[dict[str, Any]] | None:
         if isinstance(args, str):
             try:
                 args = json.loads(args) if args else {}
-            except ValueError:
+            except (ValueError, RecursionError):
                 args = {"arguments": args}
         out.append({"function": {"name": fn.get("name"), "arguments": args}})
     return out or None
@@ -142,7 +142,7 @@ class NativeToOpenAI:
         """Translate a complete (non-streamed, or error) answer."""
         try:
             body = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             body = None
         if status >= 400 or not isinstance(body, dict):
             message = error_message(body) if isinstance(body, dict) else None
@@ -186,7 +186,7 @@ class NativeToOpenAI:
                 continue
             try:
                 obj = json.loads(data)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
             if not isinstance(obj, dict):
                 continue
@@ -198,11 +198,15 @@ class NativeToOpenAI:
             for choice in obj.get("choices") or []:
                 if not isinstance(choice, dict):
                     continue
-                delta = choice.get("delta") or {}
+                # the engine's JSON is read, not trusted: a field of the wrong type is skipped,
+                # never an exception that cuts the client's stream
+                delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
                 text = delta.get("content") if "delta" in choice else choice.get("text")
-                for call in delta.get("tool_calls") or []:
-                    self._merge_tool_call(call)
-                if text:
+                calls = delta.get("tool_calls")
+                for call in calls if isinstance(calls, list) else []:
+                    if isinstance(call, dict):
+                        self._merge_tool_call(call)
+                if isinstance(text, str) and text:
                     yield json.dumps(self._frame(text, None) | {"done": False}).encode() + b"\n"
                 if choice.get("finish_reason"):
                     self._finish = choice["finish_reason"]
@@ -213,11 +217,14 @@ class NativeToOpenAI:
             yield self._final_line()
 
     def _merge_tool_call(self, call: dict[str, Any]) -> None:
-        slot = self._tool_calls.setdefault(call.get("index", 0), {"function": {"name": None, "arguments": ""}})
-        fn = call.get("function") or {}
-        if fn.get("name"):
+        index = call.get("index", 0)
+        if not isinstance(index, int) or isinstance(index, bool):
+            index = 0
+        slot = self._tool_calls.setdefault(index, {"function": {"name": None, "arguments": ""}})
+        fn = call.get("function") if isinstance(call.get("function"), dict) else {}
+        if isinstance(fn.get("name"), str) and fn["name"]:
             slot["function"]["name"] = fn["name"]
-        if fn.get("arguments"):
+        if isinstance(fn.get("arguments"), str) and fn["arguments"]:
             slot["function"]["arguments"] += fn["arguments"]
 
     def _final_line(self) -> bytes:

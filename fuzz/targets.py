@@ -1,0 +1,186 @@
+"""The fuzz targets: each takes raw bytes, and raises only when it finds a defect.
+
+A target never returns an error for bad input: the code under test must turn any input into a
+refusal or a verdict, never an exception, and the invariants checked here must hold. Targets
+are plain functions so the corpus replay in CI needs no atheris.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Callable
+
+from hubpool_core.addresses import AddressRefused, parse_address, resolve_checked
+from hubpool_core.engine import NATIVE, OPENAI, Engine
+from hubpool_core.peer_guard import PeerRefused, single_valued
+from hubpool_core.proxy.output_check import StreamJudge, degenerate, judge_whole
+from hubpool_core.proxy.translate import NativeToOpenAI
+from hubpool_core.signing import (
+    NODE_HEADER,
+    NONCE_HEADER,
+    PEER_HEADER,
+    RECIPIENT_HEADER,
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    NonceCache,
+    normalize_peer_fqdn,
+    sign_headers,
+    signing_key_from_pkcs8,
+    spki_from_verify_key,
+    verify_headers,
+)
+
+
+def _is_final(dialect: str, frame: bytes) -> bool:
+    return Engine.is_final_frame(None, dialect, frame)  # type: ignore[arg-type]
+
+
+def _cuts(data: bytes, seed: bytes) -> list[bytes]:
+    """``data`` cut at points chosen by ``seed``: every split must parse the same."""
+    points = sorted({b % (len(data) + 1) for b in seed})
+    out, last = [], 0
+    for p in points:
+        out.append(data[last:p])
+        last = p
+    out.append(data[last:])
+    return out
+
+
+_VOLATILE = re.compile(rb'"(created_at|total_duration)": ("[^"]*"|[0-9]+)')
+
+
+def frames(data: bytes) -> None:
+    """SSE/NDJSON frame parsing: the output judge and the SSE->NDJSON translator, fed whole,
+    in slices chosen by the input and one byte at a time, must agree and never raise."""
+    if len(data) < 3:
+        return
+    dialect = OPENAI if data[0] & 1 else NATIVE
+    seed, stream = data[1:3], data[3:]
+    verdicts = []
+    for pieces in ([stream], _cuts(stream, seed), [stream[i:i + 1] for i in range(len(stream))][:4096]):
+        if sum(map(len, pieces)) != len(stream):
+            continue  # the one-byte split is capped
+        judge = StreamJudge(dialect, _is_final)
+        for piece in pieces:
+            judge.feed(piece)
+        verdicts.append((judge.verdict(dropped=bool(data[0] & 2)), judge.final_seen, judge.recognised))
+    assert all(v == verdicts[0] for v in verdicts), verdicts
+
+    outputs = []
+    for pieces in ([stream], _cuts(stream, seed)):
+        translator = NativeToOpenAI("/api/chat" if data[0] & 4 else "/api/generate",
+                                    {"model": "m", "messages": [], "prompt": "p"}, True)
+        lines = b"".join(b"".join(translator.feed(p)) for p in pieces) + b"".join(translator.end())
+        for line in lines.splitlines():
+            json.loads(line)  # every line the translator emits is JSON
+        outputs.append(_VOLATILE.sub(b"", lines))
+    assert outputs[0] == outputs[1]
+
+
+def output_check(data: bytes) -> None:
+    """The non-streamed judge: any body gives None or a verdict name, never an exception."""
+    for dialect in (NATIVE, OPENAI):
+        assert judge_whole(dialect, data) in (None, "truncated-upstream", "degenerate-output")
+    text = data.decode("utf-8", "replace")
+    assert degenerate(text) in (True, False)
+
+
+_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+
+
+def fqdn(data: bytes) -> None:
+    """normalize_peer_fqdn: None, or a canonical name that is a fixed point and keeps every
+    rule of protocol.md §8.18."""
+    text = data.decode("utf-8", "replace")
+    out = normalize_peer_fqdn(text)
+    if out is None:
+        return
+    assert normalize_peer_fqdn(out) == out
+    assert out.isascii() and len(out) <= 253 and out == out.lower()
+    labels = out.split(".")
+    assert len(labels) >= 2 and all(_LABEL.fullmatch(label) for label in labels)
+    assert not labels[-1].isdigit()
+
+
+async def _never(host: str) -> list[str]:
+    raise AssertionError(f"an IP literal reached the resolver: {host!r}")
+
+
+async def _lan(host: str) -> list[str]:
+    return ["192.168.5.5"]
+
+
+def address(data: bytes) -> None:
+    """parse_address: a ValueError with a sentence, or a target whose display parses back to
+    itself; an IP literal is judged without the resolver, a name with it."""
+    text = data.decode("utf-8", "replace")
+    try:
+        target = parse_address(text)
+    except AddressRefused:
+        raise AssertionError("parse_address must refuse with ValueError, not AddressRefused") from None
+    except ValueError as exc:
+        assert str(exc)
+        return
+    assert parse_address(target.display) == target
+    assert all(ch not in target.host for ch in "/\\@?#% \t\r\n\x00[]")
+    resolver = _never if target.ip_literal is not None else _lan
+    try:
+        ips = asyncio.run(resolve_checked(target, resolver=resolver))
+    except AddressRefused as exc:
+        assert str(exc)
+        return
+    assert ips and all(isinstance(ip, str) for ip in ips)
+
+
+_KEY = signing_key_from_pkcs8("MC4CAQAwBQYDK2VwBCIEIJ+DYvh6SEqVTm50DFtMDoQikTmiCqirVv9mWG9qfSnF")
+_SPKI = spki_from_verify_key(_KEY.verify_key)
+_SENDER = "0b8e8f57-3f4a-4c1e-9a53-2f6f0c1d7e11"
+_RECIPIENT = "5c0ffee0-1234-4abc-8def-0123456789ab"
+_TS = 1_800_000_000_000
+_PATH = "/api/inference/pool/capabilities"
+_GENUINE = sign_headers(_KEY, "GET", _PATH, _SENDER, "hub-a.example-tailnet.ts.net", _RECIPIENT, None,
+                        now_ms=_TS, nonce="AAAAAAAAAAAAAAAAAAAAAA")
+_NAMES = [NODE_HEADER, PEER_HEADER, TIMESTAMP_HEADER, NONCE_HEADER, SIGNATURE_HEADER, RECIPIENT_HEADER]
+
+
+def signature_headers(data: bytes) -> None:
+    """The signature-header parser: the input replaces some of a genuine request's headers
+    (first byte: which ones) and may repeat them; anything but the genuine request is refused,
+    and nothing raises."""
+    if not data:
+        return
+    mask, values = data[0], data[1:].decode("utf-8", "replace").split("\n")
+    headers = dict(_GENUINE)
+    pairs: list[tuple[str, str]] = []
+    for i, name in enumerate(_NAMES):
+        if mask & (1 << i) and values:
+            headers[name] = values.pop(0)
+    pairs = list(headers.items())
+    if mask & 0x80 and values:
+        pairs.append((_NAMES[len(values) % len(_NAMES)], values.pop(0)))
+    try:
+        flat = single_valued(pairs)
+    except PeerRefused:
+        assert len({k.lower() for k, _ in pairs}) < len(pairs)
+        return
+    verdict = verify_headers(flat, "GET", _PATH, None, sender_public_key_b64=_SPKI, recipient_uuid=_RECIPIENT,
+                             nonces=NonceCache(), now_ms=_TS)
+    if verdict.ok:
+        # only a spelling of the genuine values can pass: same signed lines, same signature
+        assert flat[NODE_HEADER.lower()] == _SENDER
+        assert flat[NONCE_HEADER.lower()] == _GENUINE[NONCE_HEADER]
+        assert flat[SIGNATURE_HEADER.lower()] == _GENUINE[SIGNATURE_HEADER]
+    else:
+        assert verdict.reason in {"missing_headers", "bad_peer_fqdn", "bad_signature_encoding", "bad_timestamp",
+                                  "expired", "before_start", "replayed", "nonce_cache_full", "bad_signature"}
+
+
+TARGETS: dict[str, Callable[[bytes], None]] = {
+    "frames": frames,
+    "output_check": output_check,
+    "fqdn": fqdn,
+    "address": address,
+    "signature_headers": signature_headers,
+}
