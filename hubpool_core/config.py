@@ -52,6 +52,10 @@ class EnvSettings(BaseSettings):
     completion_timeout_ms: str | None = _alias("HUB_POOL_COMPLETION_TIMEOUT_MS")
     min_prefill_tokens_per_sec: str | None = _alias("HUB_POOL_MIN_PREFILL_TOKENS_PER_SEC")
     routing_log_size: str | None = _alias("HUB_POOL_ROUTING_LOG_SIZE")
+    # test rigs only (docs/reliability.md): the fault suite needs 1 s polls and header budgets
+    # of a second or two, below what the persisted setting (10 s) and the 15 s floor allow
+    dev_health_poll_seconds: str | None = _alias("HUB_POOL_DEV_HEALTH_POLL_SECONDS")
+    dev_first_byte_floor_ms: str | None = _alias("HUB_POOL_DEV_FIRST_BYTE_FLOOR_MS")
     # read per request by placement (see env_flag_off); listed here so every name is in one place
     throughput_placement: str | None = _alias("HUB_POOL_THROUGHPUT_PLACEMENT")
     contention_placement: str | None = _alias("HUB_POOL_CONTENTION_PLACEMENT")
@@ -164,6 +168,11 @@ class PoolSettings(BaseModel):
     poolPrefixAffinityMaxInFlight: int = Field(default=0, ge=0, le=20)
     poolPrefixAffinityMargin: int = Field(default=0, ge=0, le=20)
     poolSlotAwareness: int = Field(default=0, ge=0, le=1)
+    #: hubpool's own, beyond the spec: 1 adds what a local engine itself reports running
+    #: or waiting beyond this node's own requests (for engines whose plugin can read such a
+    #: figure) to that candidate's queue depth; 0 (the default, until measured) ranks on the
+    #: proxy's own count alone, as the spec says. See docs/engines.md.
+    poolEngineQueueDepth: int = Field(default=0, ge=0, le=1)
     poolRouteAppsAlways: bool = True
     #: inference preferences (PATCH /api/inference/preferences): this node's context cap and
     #: its statement of the engine's parallel slots; None is "not stated", never unlimited

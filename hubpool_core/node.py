@@ -72,7 +72,8 @@ class Node:
         self.stages = _instances(self.plugins.stages, self, "placement stage")
         size = env_int(env.routing_log_size, minimum=0) or DEFAULT_CAPACITY
         self.routing_log = RoutingLog(max(DEFAULT_CAPACITY, min(MAX_CAPACITY, size)))
-        connect = max(15_000, env_int(env.first_byte_timeout_ms, minimum=1) or 300_000)
+        floor = env_int(env.dev_first_byte_floor_ms, minimum=100, maximum=15_000) or 15_000
+        connect = max(floor, env_int(env.first_byte_timeout_ms, minimum=1) or 300_000)
         self.budgets = Budgets(
             connect_ms=connect,
             completion_ms=max(connect, env_int(env.completion_timeout_ms, minimum=1) or 300_000),
@@ -86,7 +87,10 @@ class Node:
         # pairing and identity
         self.identity = IdentityStore(self.db, node_secret_path(env.data_dir))
         self.peers = PeerRepo(self.db)
-        self.nonces = NonceCache()
+        # A restart empties the nonce cache, so a request accepted before it could be replayed
+        # until its window closed: with peers already pinned at boot, anything signed before
+        # this moment is refused instead (docs/reliability.md, replay across a restart).
+        self.nonces = NonceCache(not_before_ms=time.time_ns() // 1_000_000 if self.peers.all() else None)
         self.pairing_pin = PairingPin()
         self.pin_cooldown = SourceCooldown()
         self.directories = _instances(self.plugins.directories, env, "directory")

@@ -52,7 +52,7 @@ def judge_whole(dialect: str, body: bytes) -> str | None:
     """A non-streamed completion body: None when it is an answer or not judgeable."""
     try:
         obj = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return None
     if not isinstance(obj, dict):
         return None
@@ -84,10 +84,12 @@ class StreamJudge:
         self._last = b""
         self.last_object = b""
         self.first_chunk_at: float | None = None
+        self.saw_bytes = False
 
     def feed(self, chunk: bytes) -> None:
         if self.first_chunk_at is None:
             self.first_chunk_at = time.monotonic()
+        self.saw_bytes = self.saw_bytes or bool(chunk.strip())
         data = self._partial + chunk
         lines = data.split(b"\n")
         self._partial = lines.pop()
@@ -114,7 +116,7 @@ class StreamJudge:
             return
         try:
             obj = json.loads(frame)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             if self.recognised is None:
                 self.recognised = False
             return
@@ -129,6 +131,10 @@ class StreamJudge:
         if self._partial.strip():  # a last line without its newline
             self.feed(b"\n")
         if dropped:
+            return TRUNCATED
+        if not self.saw_bytes:
+            # a 200 stream that ended with nothing at all lacks its final frame like any other cut
+            # stream (a peer whose engine died just after its headers ends its reply this way)
             return TRUNCATED
         if not self.recognised:
             return None  # not judged

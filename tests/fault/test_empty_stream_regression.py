@@ -1,0 +1,109 @@
+"""A defect F1 found, made deterministic: a peer's engine dies right after sending its response
+headers. The peer (the leaf) has committed the 200 to the sending node and ends its reply with
+no body at all; the sending node's output check saw no frame, took the empty stream as "not
+recognisably in the dialect", and logged the request served — while the app got a 200 with no
+answer. An empty stream lacks its final frame like any other cut stream: the row must say
+failed / truncated-upstream (StreamJudge.verdict, hubpool_core/proxy/output_check.py)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+from harness import fqdn, make_pool, pair
+from history import INDETERMINATE, History, run_op
+
+MODEL = "llama3.2:3b"
+P = "/api/inference/pool"
+
+
+class HeadersThenDies:
+    """A raw-socket Ollama: /api/tags lists the model; a chat gets 200 headers (chunked) and then
+    the connection closes with no body and no terminator, as when the engine dies right there."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.2)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.closing = threading.Event()
+        self.chats = 0
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.closing.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(5)
+                try:
+                    self._answer(conn)
+                except OSError:
+                    pass
+
+    def _answer(self, conn: socket.socket) -> None:
+        raw = b""
+        while b"\r\n\r\n" not in raw and len(raw) < 65536:
+            chunk = conn.recv(4096)
+            if not chunk:
+                return
+            raw += chunk
+        path = raw.split(b" ", 2)[1]
+        if path == b"/api/tags":
+            body = json.dumps({"models": [{"name": MODEL, "model": MODEL}]}).encode()
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            return
+        if path in (b"/api/chat", b"/v1/chat/completions"):
+            self.chats += 1
+            ctype = b"application/x-ndjson" if path == b"/api/chat" else b"text/event-stream"
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\nTransfer-Encoding: chunked\r\n\r\n" % ctype)
+            time.sleep(0.2)  # the headers have left; then the engine is gone
+            return
+        conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+
+    def close(self) -> None:
+        self.closing.set()
+        self.thread.join(5)
+        self.sock.close()
+
+
+@pytest.mark.parametrize("route", ["/api/chat", "/v1/chat/completions"])
+def test_a_peer_stream_that_ends_empty_after_headers_is_logged_truncated(tmp_path, route):
+    sim = HeadersThenDies()
+    try:
+        nodes = make_pool(tmp_path, ["hub-a", "hub-b"], per_node={"hub-b": {"OLLAMA_URL": sim.url}})
+        a, b = nodes["hub-a"].start(), nodes["hub-b"].start()  # hub-a has no engine of its own
+        try:
+            pair(a, b)
+            deadline = time.monotonic() + 20
+            while not any(MODEL in m for bk in ((next(p for p in httpx.get(
+                    a.url + P + "/peers", headers=a.headers()).json())).get("lastCapabilities") or {}).get(
+                    "backends", []) for m in bk["modelsLoaded"]):
+                assert time.monotonic() < deadline
+                a.run(a.node.health.poll_once())
+            history = History()
+            with httpx.Client(timeout=15, trust_env=False) as c:
+                op = run_op(c, history, "hub-a", a.url, route,
+                            {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": True})
+            assert op.status == 200 and op.served_by == fqdn("hub-b") and op.tokens == 0 and not op.final, op.brief()
+            assert op.outcome == INDETERMINATE
+            with a.client(headers=a.headers()) as c:
+                row = next(r for r in c.get(P + "/routing-log").json()["entries"] if r["id"] == op.rid)
+            assert (row["outcome"], (row["requestError"] or {}).get("signature")) == ("failed", "truncated-upstream"), row
+            assert sim.chats == 1
+        finally:
+            a.stop()
+            b.stop()
+    finally:
+        sim.close()
