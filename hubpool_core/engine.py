@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 OPENAI = "openai"
 NATIVE = "native"
@@ -76,6 +77,8 @@ class ProbeResult:
     ``models`` is the on-disk inventory (empty when unhealthy). ``error`` is a short
     operator-facing sentence, or ``None`` when healthy. ``slots`` is the number of
     requests the engine says it runs at once, or ``None`` when it does not say.
+    ``queue_depth`` is what the engine itself reported running plus waiting when it was
+    asked (:meth:`Engine.queue_depth`, only with ``poolEngineQueueDepth`` on), or ``None``.
     """
 
     running: bool
@@ -83,6 +86,7 @@ class ProbeResult:
     models: tuple[ModelInfo, ...] = ()
     error: str | None = None
     slots: int | None = None
+    queue_depth: int | None = None
 
 
 @dataclass(frozen=True)
@@ -313,7 +317,7 @@ class Engine(ABC):
         status = response.status_code
         try:
             body, is_json = response.json(), True
-        except ValueError:
+        except (ValueError, RecursionError):
             body, is_json = None, False
         return JsonAnswer(body=body, error=self._answer_error(path, status, body, is_json), status=status)
 
@@ -461,6 +465,35 @@ class Engine(ABC):
         started with)."""
         return None
 
+    async def queue_depth(self, http: httpx.AsyncClient) -> int | None:
+        """Requests the engine itself reports running or waiting now, whoever sent them,
+        or ``None`` when it offers no such figure (the default). Read after a healthy probe
+        only while ``poolEngineQueueDepth`` is on; like a probe it never raises. It closes
+        the gap the proxy's own count leaves: work that reached the engine directly."""
+        return None
+
+    async def prometheus_samples(self, http: httpx.AsyncClient, names: Iterable[str],
+                                 path: str = "/metrics") -> dict[str, float] | None:
+        """The Prometheus text at ``path``, each of ``names`` summed over its label sets
+        (a name absent from the text is absent from the answer). ``None`` when the GET
+        fails, answers non-200, or is not Prometheus text. Never raises."""
+        try:
+            response = await http.get(self.base_url + path, headers=self.auth_headers())
+        except (httpx.HTTPError, httpx.InvalidURL):
+            return None
+        if response.status_code != 200:
+            return None
+        wanted = set(names)
+        out: dict[str, float] = {}
+        try:
+            for family in text_string_to_metric_families(response.text):
+                for sample in family.samples:
+                    if sample.name in wanted:
+                        out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
+        except (ValueError, TypeError, IndexError, KeyError):
+            return None  # not Prometheus text: say nothing rather than half of it
+        return out
+
     # -- reading responses ---------------------------------------------------------
     def timings(self, body: Mapping[str, Any]) -> Timings | None:
         """Timings from a finished non-streamed body or a stream's final frame.
@@ -580,5 +613,5 @@ def _int_or_none(value: Any) -> int | None:
 def _json_or_none(raw: bytes) -> Any:
     try:
         return json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None

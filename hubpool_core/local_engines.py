@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import httpx
 
@@ -67,6 +67,9 @@ class LocalEngines:
         self._snapshots: dict[int, Snapshot] = {}
         self._inflight: dict[int, asyncio.Task] = {}
         self._http: httpx.AsyncClient | None = None
+        #: poolEngineQueueDepth as of the last read: probes then also ask each healthy
+        #: engine for its own queue depth (off by default, so nothing extra is requested)
+        self.engine_queue_depth = False
 
     @property
     def http(self) -> httpx.AsyncClient:
@@ -87,6 +90,14 @@ class LocalEngines:
         except Exception as exc:  # noqa: BLE001 - a plugin bug must read as an unhealthy engine
             log.warning("engine %s probe raised %s: %s", engine.kind, type(exc).__name__, exc)
             result = ProbeResult(running=False, healthy=False, error=f"probe failed: {type(exc).__name__}")
+        if self.engine_queue_depth and result.healthy:
+            try:
+                depth = await engine.queue_depth(self.http)
+            except Exception as exc:  # noqa: BLE001 - a plugin bug means "no figure", not a sick engine
+                log.warning("engine %s queue_depth raised %s: %s", engine.kind, type(exc).__name__, exc)
+                depth = None
+            if isinstance(depth, int) and not isinstance(depth, bool) and depth >= 0:
+                result = replace(result, queue_depth=depth)
         snap = Snapshot(result, time.monotonic())
         self._snapshots[index] = snap
         return snap
@@ -102,8 +113,20 @@ class LocalEngines:
         """Drop one engine's snapshot so the next read probes it again."""
         self._snapshots.pop(self.engines.index(engine), None)
 
-    async def read(self, ttl_ms: int) -> list[LocalBackend]:
-        """Every engine with the answer placement should use now."""
+    async def read(self, ttl_ms: int, engine_queue_depth: bool | None = None) -> list[LocalBackend]:
+        """Every engine with the answer placement should use now. ``engine_queue_depth``
+        (the poolEngineQueueDepth setting, from placement) turns the engines' own queue
+        figures on or off for this and later probes; ``None`` leaves it as it was."""
+        if engine_queue_depth is not None:
+            self.engine_queue_depth = engine_queue_depth
+        backends = await self._read(ttl_ms)
+        if self.engine_queue_depth:
+            return backends
+        # a snapshot probed while the setting was on can outlive it (poolProbeSnapshotTtlMs)
+        return [LocalBackend(b.engine, Snapshot(replace(b.snapshot.result, queue_depth=None), b.snapshot.at))
+                if b.snapshot.result.queue_depth is not None else b for b in backends]
+
+    async def _read(self, ttl_ms: int) -> list[LocalBackend]:
         if not self.engines:
             return []
         if ttl_ms <= 0:

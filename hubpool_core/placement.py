@@ -92,6 +92,15 @@ class Load:
         else:
             self.forwarded[peer_id] = max(0, self.forwarded.get(peer_id, 0) - 1)
 
+    def engine_external(self, kind: str, reported: int | None) -> int:
+        """What a local engine reported running or waiting beyond this node's own requests
+        on it: work that reached it directly. 0 when it reported nothing (the setting off,
+        or an engine with no such figure), so the proxy's count stands alone."""
+        if reported is None:
+            return 0
+        ours = sum(self.local_work.get(kind, {}).values())
+        return max(0, reported - ours)
+
     def note_report(self, peer_id: str) -> None:
         """Called when a peer's snapshot arrives: what we had forwarded at that moment."""
         self._forwarded_at_report[peer_id] = self.forwarded.get(peer_id, 0)
@@ -136,7 +145,10 @@ def build_candidates(model: str, local: list[LocalBackend], peers: list[PoolPeer
     out: list[Candidate] = []
     for b in local:
         if b.healthy and b.lists(model):
-            out.append(Candidate("local", b.engine.kind, local=b, score=load.local, in_flight=load.local))
+            # a snapshot built without the field (older callers, test doubles) reports nothing
+            reported = getattr(b.snapshot.result, "queue_depth", None)
+            depth = load.local + load.engine_external(b.engine.kind, reported)
+            out.append(Candidate("local", b.engine.kind, local=b, score=depth, in_flight=depth))
     now = time.time()
     for p in peers:
         backend = peer_offers(p, model)

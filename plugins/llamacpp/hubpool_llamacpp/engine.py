@@ -18,6 +18,12 @@ from hubpool_core import (
 )
 
 
+#: llama-server's Prometheus gauges (``--metrics``): requests generating now, and requests
+#: that found every slot busy and wait for one.
+PROCESSING = "llamacpp:requests_processing"
+DEFERRED = "llamacpp:requests_deferred"
+
+
 class LlamacppEngine(Engine):
     """llama-server at one base URL: ``/health`` says whether the model is loaded,
     ``/v1/models`` names it, ``/props`` states its window (``n_ctx``) and ``total_slots``."""
@@ -44,6 +50,9 @@ class LlamacppEngine(Engine):
         # common_chat_msgs_parse_oaicompat: "Missing 'content' in message", "Missing 'role' in
         # message: {...}", "Expected 'message' to be an object", "Missing content part type: ..."
         ("invalid-message", r"missing '(?:content|role)' in message|expected 'message' to be an object"),
+        # b1-0c1e570 (llama-cpp-python 0.3.36), answered with 400:
+        # "All non-assistant messages must contain 'content'"
+        ("invalid-message", r"messages must contain 'content'"),
         ("invalid-message", r"missing content part type|invalid 'content' type|expected 'content'"),
         ("invalid-message", r"invalid message format|invalid role"),
         # minja: "Jinja Exception: ...", "Error rendering chat template ..."
@@ -75,7 +84,8 @@ class LlamacppEngine(Engine):
             models = tuple(
                 ModelInfo(
                     id=e["id"],
-                    context_window=n_ctx or _positive_int(_meta(e).get("n_ctx_train")),
+                    context_window=(n_ctx or _positive_int(_meta(e).get("n_ctx"))
+                                    or _positive_int(_meta(e).get("n_ctx_train"))),
                     size=_positive_int(_meta(e).get("size")),
                     owned_by=e.get("owned_by") if isinstance(e.get("owned_by"), str) else None,
                 )
@@ -116,15 +126,43 @@ class LlamacppEngine(Engine):
         )
         return None if timings == Timings() else timings
 
+    async def queue_depth(self, http: httpx.AsyncClient) -> int | None:
+        """Requests llama-server is running plus the ones deferred for want of a free slot,
+        from ``/metrics`` (``llamacpp:requests_processing`` + ``llamacpp:requests_deferred``,
+        served only with ``--metrics``); without it, the busy slots of ``/slots``
+        (``is_processing``), which cannot see what waits behind them. ``None`` when neither
+        answers."""
+        try:
+            samples = await self.prometheus_samples(http, (PROCESSING, DEFERRED))
+            if samples and PROCESSING in samples:
+                return max(0, int(samples[PROCESSING] + samples.get(DEFERRED, 0.0)))
+            busy = await self._busy_slots(http)
+            return busy[0] if busy else None
+        except Exception:  # noqa: BLE001 - the contract: no figure rather than an exception
+            return None
+
+    async def _busy_slots(self, http: httpx.AsyncClient) -> tuple[int, int] | None:
+        """(busy, total) from ``/slots``; ``None`` when it is off (``--no-slots``) or unreadable."""
+        answer = await self.get_json(http, "/slots")
+        if not answer.ok or not isinstance(answer.body, list):
+            return None
+        slots = [s for s in answer.body if isinstance(s, Mapping)]
+        return sum(1 for s in slots if s.get("is_processing") is True), len(slots)
+
     async def _props(self, http: httpx.AsyncClient) -> tuple[int | None, int | None]:
-        """(per-slot window, slot count) from ``/props``; (None, None) when unreadable."""
+        """(per-slot window, slot count) from ``/props``, the count from ``/slots`` when
+        ``/props`` has none; (None, None) when unreadable."""
         answer = await self.get_json(http, "/props")
         body = answer.body if answer.ok else None
         if not isinstance(body, Mapping):
             return None, None
         settings = body.get("default_generation_settings")
         n_ctx = _positive_int(settings.get("n_ctx")) if isinstance(settings, Mapping) else None
-        return n_ctx, _positive_int(body.get("total_slots"))
+        total = _positive_int(body.get("total_slots"))
+        if total is None:
+            busy = await self._busy_slots(http)
+            total = _positive_int(busy[1]) if busy else None
+        return n_ctx, total
 
 
 def _positive_int(value: Any) -> int | None:

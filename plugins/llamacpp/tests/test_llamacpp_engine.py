@@ -50,18 +50,36 @@ def test_probe_healthy_reads_window_and_slots():
     result = run(engine(api_key="llama-key").probe(serving(healthy_routes(), seen)))
     assert result.running and result.healthy and result.error is None
     [model] = result.models
-    assert model.id == "Qwen3-8B-Q4_K_M.gguf"
-    assert model.context_window == 16384  # the window it runs (n_ctx), not the trained 40960
-    assert model.size == 5027783488 and model.owned_by == "llamacpp"
+    assert model.id == "tiny-llama"
+    assert model.context_window == 1024  # the window each slot runs (n_ctx), not the trained 8192
+    assert model.size == 464640 and model.owned_by == "llamacpp"
     assert result.slots == 2
     assert {r.url.path for r in seen} == {"/health", "/v1/models", "/props"}
     assert all(r.headers["authorization"] == "Bearer llama-key" for r in seen)
 
 
-def test_probe_without_props_falls_back_to_the_trained_window():
+def older_listing():
+    """The captured listing as builds before ``meta.n_ctx`` answered it."""
+    body = load("models.json")
+    del body["data"][0]["meta"]["n_ctx"]
+    return body
+
+
+def test_probe_without_props_falls_back_to_the_listing():
     for props in [(404, {"error": {"code": 404, "message": "File Not Found"}}), (200, "x"), (200, {"total_slots": "2"})]:
         result = run(engine().probe(serving(healthy_routes(props=props))))
-        assert result.healthy and result.models[0].context_window == 40960 and result.slots is None
+        assert result.healthy and result.models[0].context_window == 1024 and result.slots is None
+        older = run(engine().probe(serving(healthy_routes(props=props, **{"v1/models": (200, older_listing())}))))
+        assert older.healthy and older.models[0].context_window == 8192  # only the trained window is left
+
+
+def test_slot_count_from_slots_when_props_has_none():
+    props = load("props.json")
+    del props["total_slots"]
+    result = run(engine().probe(serving(healthy_routes(props=(200, props), slots=(200, load("slots.json"))))))
+    assert result.healthy and result.slots == 2 and result.models[0].context_window == 1024
+    busy = run(engine().probe(serving(healthy_routes(props=(200, props), slots=(200, load("slots_busy.json"))))))
+    assert busy.slots == 2  # busy or not, a slot is a slot
 
 
 def test_probe_while_loading():
@@ -101,14 +119,15 @@ def test_probe_nonsense_is_unhealthy(override):
 
 def test_residency_is_the_model_it_was_started_with():
     assert run(engine().residency(serving(healthy_routes()))) == [
-        ResidentModel(id="Qwen3-8B-Q4_K_M.gguf", context_window=16384)]
+        ResidentModel(id="tiny-llama", context_window=1024)]
     assert run(engine().residency(mock_http(raising(httpx.ConnectError)))) is None
     assert run(engine().residency(serving({"/health": (503, load("health_loading.json"))}))) is None
 
 
 def test_timings_count_the_cache():
+    # the captured prompt was sent twice: the second read 1 token and took 287 from the cache
     assert engine().timings(load("chat_completion.json")) == Timings(
-        prompt_tokens=11820, cached_tokens=10336, prefill_ms=427.113, decode_tokens=4, decode_ms=61.502)
+        prompt_tokens=288, cached_tokens=287, prefill_ms=0.672, decode_tokens=4, decode_ms=0.956)
 
 
 def test_timings_without_cache_n_or_timings():
@@ -128,8 +147,10 @@ def test_final_frame_and_timings_of_a_real_stream():
     assert e.is_final_frame(OPENAI, frames[-2])
     assert not e.is_final_frame(OPENAI, frames[1])       # a stream cut before the finish
     assert not e.is_final_frame(OPENAI, frames[-2][:50])  # the last line cut short
+    # this build sends no usage in a stream unless asked: timings alone give the whole prompt
+    assert "usage" not in json.loads(frames[-2])
     assert e.timings(json.loads(frames[-2])) == Timings(
-        prompt_tokens=7615, cached_tokens=7614, prefill_ms=19.02, decode_tokens=3, decode_ms=44.1)
+        prompt_tokens=288, cached_tokens=287, prefill_ms=0.753, decode_tokens=4, decode_ms=2.061)
 
 
 @pytest.mark.parametrize("case", load("errors.json"), ids=lambda c: c["signature"] or "none")
@@ -145,3 +166,51 @@ def test_request_error_without_a_message():
 
 def test_recorded_errors_cover_every_signature_and_a_non_verdict():
     assert {c["signature"] for c in load("errors.json")} == {*REQUEST_ERROR_SIGNATURES, None}
+
+
+@pytest.mark.parametrize("case", load("errors_captured.json"), ids=lambda c: c["signature"])
+def test_request_error_of_the_captured_refusals(case):
+    # today's llama-server answers these with 400, which the relay passes back as the
+    # request's fault without asking; a build or relay answering 500 is classified the same
+    assert case["status"] == 400
+    assert engine().request_error(500, case["body"]) == case["signature"]
+
+
+# -- engine-reported queue depth (poolEngineQueueDepth) ----------------------------------
+
+
+def metrics(name):
+    return (DATA / name).read_text()
+
+
+def test_queue_depth_from_metrics_counts_processing_and_deferred():
+    seen = []
+    http = serving({"/metrics": (200, metrics("metrics_busy.txt"))}, seen)
+    assert run(engine(api_key="llama-key").queue_depth(http)) == 3  # 2 in the slots + 1 deferred
+    assert [r.url.path for r in seen] == ["/metrics"]
+    assert seen[0].headers["authorization"] == "Bearer llama-key"
+    assert run(engine().queue_depth(serving({"/metrics": (200, metrics("metrics_idle.txt"))}))) == 0
+
+
+def test_queue_depth_without_metrics_counts_busy_slots():
+    # started without --metrics, llama-server answers /metrics 501; /slots still says who is busy
+    no_metrics = (501, {"error": {"code": 501, "message": "This server does not support metrics endpoint.",
+                                  "type": "not_supported_error"}})
+    busy = serving({"/metrics": no_metrics, "/slots": (200, load("slots_busy.json"))})
+    assert run(engine().queue_depth(busy)) == 2
+    idle = serving({"/metrics": no_metrics, "/slots": (200, load("slots.json"))})
+    assert run(engine().queue_depth(idle)) == 0
+
+
+@pytest.mark.parametrize("routes", [
+    {},                                                          # neither endpoint
+    {"/metrics": (200, "python_gc_objects_collected_total 1\n")},  # text without the gauges
+    {"/metrics": (200, "{not prometheus"), "/slots": (200, {"slots": 2})},
+    {"/slots": (200, "x")},
+])
+def test_queue_depth_none_when_the_engine_offers_no_figure(routes):
+    assert run(engine().queue_depth(serving(routes))) is None
+
+
+def test_queue_depth_none_when_down():
+    assert run(engine().queue_depth(mock_http(raising(httpx.ConnectError)))) is None

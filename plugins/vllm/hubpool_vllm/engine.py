@@ -7,6 +7,11 @@ import httpx
 from hubpool_core import OPENAI, Engine, ProbeResult
 
 
+#: vLLM's scheduler gauges on ``/metrics`` (one sample per model_name and engine label).
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+
+
 class VllmEngine(Engine):
     """vLLM at one base URL: ``GET /v1/models`` is both the health check and the
     inventory, with ``max_model_len`` as each model's window."""
@@ -45,3 +50,16 @@ class VllmEngine(Engine):
     async def probe(self, http: httpx.AsyncClient) -> ProbeResult:
         """Read ``/v1/models``; a server whose models another engine owns is unhealthy."""
         return await self.probe_openai_listing(http)
+
+    async def queue_depth(self, http: httpx.AsyncClient) -> int | None:
+        """Requests vLLM is running plus the ones waiting in its scheduler, from
+        ``/metrics`` (``vllm:num_requests_running`` + ``vllm:num_requests_waiting``, summed
+        over every model and engine label); ``None`` when ``/metrics`` does not answer or
+        carries neither gauge."""
+        try:
+            samples = await self.prometheus_samples(http, (RUNNING, WAITING))
+        except Exception:  # noqa: BLE001 - the contract: no figure rather than an exception
+            return None
+        if not samples:
+            return None
+        return max(0, int(samples.get(RUNNING, 0.0) + samples.get(WAITING, 0.0)))

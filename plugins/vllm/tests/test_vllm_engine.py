@@ -168,3 +168,55 @@ def test_request_error_never_raises(status, body):
 
 def test_recorded_errors_cover_every_signature_and_a_non_verdict():
     assert {c["signature"] for c in load("errors.json")} == {*REQUEST_ERROR_SIGNATURES, None}
+
+
+# -- engine-reported queue depth (poolEngineQueueDepth) ----------------------------------
+
+
+def metrics(name):
+    return (DATA / name).read_text()
+
+
+def test_queue_depth_is_running_plus_waiting_from_metrics():
+    seen = []
+    http = serving({"/metrics": (200, metrics("metrics_busy.txt"))}, seen)
+    assert run(engine(api_key="vk").queue_depth(http)) == 5  # 3 running + 2 waiting
+    assert [r.url.path for r in seen] == ["/metrics"]
+    assert seen[0].headers["authorization"] == "Bearer vk"
+
+
+def test_queue_depth_idle_is_zero_not_none():
+    assert run(engine().queue_depth(serving({"/metrics": (200, metrics("metrics_idle.txt"))}))) == 0
+
+
+def test_queue_depth_reads_neither_the_by_reason_gauge_nor_a_lookalike():
+    # waiting_by_reason repeats the waiting requests; counting it would double them
+    text = metrics("metrics_busy.txt").replace('reason="capacity"} 2.0', 'reason="capacity"} 40.0')
+    assert run(engine().queue_depth(serving({"/metrics": (200, text)}))) == 5
+
+
+def test_queue_depth_sums_every_engine_and_model_label():
+    text = (
+        "# TYPE vllm:num_requests_running gauge\n"
+        'vllm:num_requests_running{engine="0",model_name="a"} 2.0\n'
+        'vllm:num_requests_running{engine="1",model_name="a"} 1.0\n'
+        "# TYPE vllm:num_requests_waiting gauge\n"
+        'vllm:num_requests_waiting{engine="0",model_name="a"} 4.0\n'
+        'vllm:num_requests_waiting{engine="1",model_name="a"} 0.0\n'
+    )
+    assert run(engine().queue_depth(serving({"/metrics": (200, text)}))) == 7
+
+
+@pytest.mark.parametrize("route", [
+    (404, {"detail": "Not Found"}),                          # metrics disabled or another server
+    (200, "python_gc_objects_collected_total 12.0\n"),      # Prometheus text without the gauges
+    (200, "this is { not prometheus"),
+    (500, "boom"),
+])
+def test_queue_depth_none_when_metrics_say_nothing(route):
+    assert run(engine().queue_depth(serving({"/metrics": route}))) is None
+
+
+def test_queue_depth_none_when_down():
+    assert run(engine().queue_depth(mock_http(raising(httpx.ConnectError)))) is None
+    assert run(engine().queue_depth(mock_http(raising(httpx.ReadTimeout)))) is None
