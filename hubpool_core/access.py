@@ -104,6 +104,12 @@ def operator_refusal(method: str, path: str, headers: dict[str, str], keys: KeyS
     """The principal for an operator route, or (status, body) refusing it."""
     token = bearer(headers)
     if token is None:
+        # the web UI's cookie session stands in for the key (writes also need its CSRF token)
+        from hubpool_core.web.session import session_refusal
+
+        via_session = session_refusal(method, headers, keys)
+        if via_session is not None:
+            return via_session
         return 401, {"error": "Operator credential required: send Authorization: Bearer <operator key> "
                      "(the key is in the node's data directory, operator.key; the hubpool CLI sends it for you)",
                      "code": "AUTH_ERROR_MISSING_CREDENTIAL"}

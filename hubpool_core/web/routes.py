@@ -1,0 +1,191 @@
+"""Routes of the web UI. Only the landing and sign-in pages answer without a session."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+from hubpool_core import __version__
+from hubpool_core.api import operator
+from hubpool_core.config import NOT_PATCHABLE, PREFERENCE_KEYS, PoolSettings, describe_range
+from hubpool_core.web.session import CSRF_FIELD, SESSION_SECONDS, Session, cookie_header, csrf_ok, store_for
+
+HERE = Path(__file__).parent
+STATIC_DIR = HERE / "static"
+P = "/api/inference/pool"
+#: headers a reverse proxy sets: shown on the landing page so the operator can see what
+#: the proxy claimed, never used to build a URL or decide anything
+FORWARDED = ("forwarded", "x-forwarded-for", "x-forwarded-host", "x-forwarded-proto", "x-forwarded-port",
+             "x-forwarded-prefix", "x-real-ip")
+#: the security headers every UI page carries; the pages load only their own scripts and styles
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                               "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+_env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(["html"]),
+                   trim_blocks=True, lstrip_blocks=True)
+
+
+def _page(name: str, status: int = 200, headers: dict[str, str] | None = None, **context: Any) -> HTMLResponse:
+    html = _env.get_template(name).render(version=__version__, **context)
+    return HTMLResponse(html, status_code=status, headers={**PAGE_HEADERS, **(headers or {})})
+
+
+def _session(request: Request) -> Session | None:
+    return store_for(request.app.state.node.keys).from_headers(dict(request.headers.items()))
+
+
+def _to_signin() -> RedirectResponse:
+    return RedirectResponse("/ui/signin", status_code=303, headers={"Cache-Control": "no-store"})
+
+
+def base_urls(request: Request) -> dict[str, str]:
+    """Client base URLs built from the address the browser used (its Host header and the
+    scheme this node was reached with), never from a forwarded header."""
+    scheme = request.url.scheme
+    if "x-forwarded-proto" in request.headers or "forwarded" in request.headers:
+        # uvicorn rewrites the scheme from these for a loopback caller; the node itself speaks
+        # plain HTTP, so that is what a direct visit used (the page's script then shows the
+        # browser's own location.origin, which is right behind `tailscale serve` too)
+        scheme = "http"
+    host = request.headers.get("host") or f"{request.url.hostname}:{request.url.port}"
+    origin = f"{scheme}://{host}"
+    return {"origin": origin, "openai": origin + "/v1", "native": origin}  # native: the Ollama dialect
+
+
+async def landing(request: Request) -> Response:
+    """What this is and how to connect a client. No data: no model, node name or count."""
+    forwarded = [(name, request.headers[name]) for name in FORWARDED if name in request.headers]
+    return _page("landing.html", urls=base_urls(request), forwarded=forwarded,
+                 signed_in=_session(request) is not None)
+
+
+async def signin_form(request: Request) -> Response:
+    if _session(request) is not None:
+        return RedirectResponse("/ui", status_code=303)
+    return _page("signin.html", error=None)
+
+
+async def _form(request: Request) -> dict[str, str]:
+    raw = await request.body()
+    if len(raw) > 8192:
+        return {}
+    try:
+        parsed = parse_qs(raw.decode("utf-8"), keep_blank_values=True, max_num_fields=10)
+    except (UnicodeDecodeError, ValueError):
+        return {}
+    return {k: v[0] for k, v in parsed.items() if v}
+
+
+async def signin(request: Request) -> Response:
+    """Trade the operator key for a session cookie; the key itself is never stored in the browser."""
+    keys = request.app.state.node.keys
+    store = store_for(keys)
+    if not store.sign_in_allowed():
+        return _page("signin.html", status=429, headers={"Retry-After": "60"},
+                     error="Too many wrong keys in the last minute. Wait a minute, then try again.")
+    form = await _form(request)
+    key = (form.get("key") or "").strip()
+    principal = keys.resolve(key) if key else None
+    if principal is None or principal.scope != "operator":
+        if key:
+            store.failed_sign_in()
+        message = ("Enter the operator key." if not key else
+                   "That is not an operator key of this node. It is in operator.key in the node's data directory.")
+        return _page("signin.html", status=401, error=message)
+    session = store.create()
+    response = RedirectResponse("/ui", status_code=303)
+    response.headers["Set-Cookie"] = cookie_header(store.cookie_name, session.sid,
+                                                   secure=request.url.scheme == "https", max_age=SESSION_SECONDS)
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+async def signout(request: Request) -> Response:
+    """End this browser's session. The form carries the CSRF token, so another site cannot sign you out."""
+    store = store_for(request.app.state.node.keys)
+    session = _session(request)
+    if session is not None:
+        form = await _form(request)
+        if not csrf_ok(session, form.get(CSRF_FIELD) or request.headers.get("x-csrf-token")):
+            return JSONResponse({"error": "Sign-out needs the page's CSRF token; reload the page and try again",
+                                 "code": "AUTH_ERROR_CSRF"}, status_code=403)
+        store.destroy(session.sid)
+    response = RedirectResponse("/", status_code=303)
+    response.headers["Set-Cookie"] = cookie_header(store.cookie_name, "", secure=request.url.scheme == "https",
+                                                   max_age=0)
+    return response
+
+
+def settings_schema() -> list[dict[str, Any]]:
+    """Every pool setting the page can change, with its range as the node enforces it."""
+    out = []
+    for key, field in PoolSettings.model_fields.items():
+        if key in ("poolPins", "pluginsDisabled"):
+            continue
+        lo = hi = None
+        for meta in field.metadata:
+            lo = getattr(meta, "ge", lo)
+            hi = getattr(meta, "le", hi)
+        kind = "bool" if field.annotation is bool else ("text" if key == "inferenceModel" else "int")
+        out.append({"key": key, "kind": kind, "min": lo, "max": hi, "nullable": field.default is None,
+                    "range": describe_range(key) if kind != "text" else "a model id, or empty for none",
+                    "via": "preferences" if key in PREFERENCE_KEYS else "settings",
+                    "patchable": key not in NOT_PATCHABLE or key in PREFERENCE_KEYS,
+                    "help": field.description or ""})
+    return out
+
+
+def _signed_in_page(name: str, request: Request, **context: Any) -> Response:
+    session = _session(request)
+    if session is None:
+        return _to_signin()
+    return _page(name, csrf=session.csrf, **context)
+
+
+async def home(request: Request) -> Response:
+    return _signed_in_page("home.html", request, active="home")
+
+
+async def pool_page(request: Request) -> Response:
+    return _signed_in_page("pool.html", request, active="pool",
+                           schema=json.dumps(settings_schema()).replace("<", "\\u003c"))
+
+
+async def routing_log_with_notes(request: Request) -> Response:
+    """The operator routing-log answer, each entry with the ↳ notes `hubpool log` prints.
+
+    The notes come from the CLI's own function, so the page and the terminal say the same thing."""
+    answer = await operator.routing_log(request)
+    if answer.status_code != 200:
+        return answer
+    from hubpool_core.cli.log_commands import annotations
+
+    data = json.loads(answer.body)
+    for entry in data.get("entries") or []:
+        entry["notes"] = annotations(entry)
+    return JSONResponse(data)
+
+
+def build_router() -> APIRouter:
+    """The UI's own routes (the operator JSON routes it reads live in hubpool_core.api)."""
+    r = APIRouter()
+    r.add_api_route("/", landing, methods=["GET"], include_in_schema=False)
+    r.add_api_route("/ui/signin", signin_form, methods=["GET"], include_in_schema=False)
+    r.add_api_route("/ui/signin", signin, methods=["POST"], include_in_schema=False)
+    r.add_api_route("/ui/signout", signout, methods=["POST"], include_in_schema=False)
+    r.add_api_route("/ui", home, methods=["GET"], include_in_schema=False)
+    r.add_api_route("/ui/pool", pool_page, methods=["GET"], include_in_schema=False)
+    r.add_api_route(P + "/routing-log/annotated", routing_log_with_notes, methods=["GET"], include_in_schema=False)
+    return r
