@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -12,6 +14,49 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from hubpool_core import __version__
 from hubpool_core.api import advice, inference, local, metrics_route, operator, peers
 from hubpool_core.node import Node
+from hubpool_core.proxy.relay import LOCAL_PREFIX
+from hubpool_core.web import mount as mount_web_ui
+
+
+#: the answer to an unhandled error: never a stack trace to the caller; the service log has it
+def _crash_body(exc: Exception) -> dict[str, str]:
+    return {"error": f"Internal error in hubpool ({type(exc).__name__}); see the node's log"}
+
+
+#: POST path -> (handler, route key): the app-facing inference routes and a peer's forwards
+#: to this node's engines (the second hop), served on the fast path
+FAST_POSTS: dict[str, tuple[Any, str]] = {
+    **{path: (inference.routed, route) for path, route in inference.FAST_PATHS.items()},
+    **{LOCAL_PREFIX + route: (local.forward, route) for route in inference.ROUTED},
+}
+
+
+class NodeApp(FastAPI):
+    """FastAPI, with the relay's hot path (:data:`FAST_POSTS`) served as pure ASGI; every
+    other route, and every other method on those paths, goes through FastAPI."""
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:  # noqa: D102
+        if scope["type"] == "http" and scope["method"] == "POST":
+            fast = FAST_POSTS.get(scope["path"])
+            if fast is not None:
+                await self._fast(scope, receive, send, *fast)
+                return
+        await super().__call__(scope, receive, send)
+
+    async def _fast(self, scope: dict, receive: Any, send: Any, handler: Any, route: str) -> None:
+        started = False
+
+        async def tracked(message: dict) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            await inference.serve_routed(self, scope, receive, tracked, route, handler)
+        except Exception as exc:  # noqa: BLE001 - the same answer as the app's crash handler
+            logging.getLogger("hubpool").exception("unhandled error")
+            if not started:
+                await JSONResponse(_crash_body(exc), status_code=500)(scope, receive, send)
 
 
 def create_app(node: Node) -> FastAPI:
@@ -23,7 +68,7 @@ def create_app(node: Node) -> FastAPI:
         finally:
             await node.stop()
 
-    app = FastAPI(title="hubpool", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = NodeApp(title="hubpool", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.node = node
     app.include_router(operator.build_router())
     app.include_router(peers.build_router())
@@ -31,6 +76,7 @@ def create_app(node: Node) -> FastAPI:
     app.include_router(advice.build_router())
     app.include_router(inference.build_router())
     app.include_router(metrics_route.build_router(node))
+    mount_web_ui(app)  # the landing page at /, sign-in, and the pages under /ui
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -44,11 +90,7 @@ def create_app(node: Node) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def crashed(_request: Request, exc: Exception) -> JSONResponse:
-        # never a stack trace to the caller; the service log has it
-        import logging
-
         logging.getLogger("hubpool").exception("unhandled error")
-        return JSONResponse({"error": f"Internal error in hubpool ({type(exc).__name__}); see the node's log"},
-                            status_code=500)
+        return JSONResponse(_crash_body(exc), status_code=500)
 
     return app

@@ -10,6 +10,8 @@ import base64
 import hashlib
 import hmac
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any
 
@@ -103,10 +105,33 @@ class PeerRepo:
 
     def __init__(self, db: Database):
         self.db = db
+        #: every row, as of the last write through this repo: every routed request reads the
+        #: list, and a query per request cost more CPU than the rest of the relay together
+        #: (docs/performance.md); every write below drops it
+        self._all: list[PoolPeer] | None = None
+        #: bumped before and after every write: a read that raced a write (housekeeping
+        #: writes from a thread) is not kept
+        self._generation = 0
 
     def all(self) -> list[PoolPeer]:
-        with self.db.session() as s:
-            return list(s.scalars(select(PoolPeer).order_by(PoolPeer.node_fqdn)))
+        cached = self._all
+        if cached is None:
+            generation = self._generation
+            with self.db.session() as s:
+                cached = list(s.scalars(select(PoolPeer).order_by(PoolPeer.node_fqdn)))
+            if generation == self._generation:
+                self._all = cached
+        return list(cached)
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        self._generation += 1
+        self._all = None
+        try:
+            yield
+        finally:
+            self._generation += 1
+            self._all = None
 
     def by_id(self, peer_id: str) -> PoolPeer | None:
         with self.db.session() as s:
@@ -117,8 +142,9 @@ class PeerRepo:
             return s.scalars(select(PoolPeer).where(PoolPeer.node_fqdn == fqdn)).first()
 
     def by_node_uuid(self, node_uuid: str) -> PoolPeer | None:
-        with self.db.session() as s:
-            return s.scalars(select(PoolPeer).where(PoolPeer.peer_node_uuid == node_uuid)).first()
+        # from the cached rows: the peer guard asks on every signed forward (a third of a
+        # forward's CPU as a query); peer_node_uuid is unique where set
+        return next((r for r in self.all() if r.peer_node_uuid == node_uuid), None)
 
     def resolve(self, ident: str) -> PoolPeer:
         """A row by full id, unique id prefix, or node name; LookupError says why not."""
@@ -143,14 +169,14 @@ class PeerRepo:
                 PoolPeer.direction == "inbound", PoolPeer.status == "pending")) or 0
 
     def add(self, row: PoolPeer) -> PoolPeer:
-        with self.db.session() as s:
+        with self._writing(), self.db.session() as s:
             s.add(row)
             s.commit()
             s.refresh(row)
             return row
 
     def update(self, peer_id: str, **changes: Any) -> PoolPeer | None:
-        with self.db.session() as s:
+        with self._writing(), self.db.session() as s:
             row = s.get(PoolPeer, peer_id)
             if row is None:
                 return None
@@ -162,7 +188,7 @@ class PeerRepo:
             return row
 
     def delete(self, peer_id: str) -> bool:
-        with self.db.session() as s:
+        with self._writing(), self.db.session() as s:
             row = s.get(PoolPeer, peer_id)
             if row is None:
                 return False
@@ -171,7 +197,7 @@ class PeerRepo:
             return True
 
     def delete_all(self) -> None:
-        with self.db.session() as s:
+        with self._writing(), self.db.session() as s:
             for row in s.scalars(select(PoolPeer)):
                 s.delete(row)
             s.commit()
@@ -180,7 +206,7 @@ class PeerRepo:
         """Drop pending rows, in both directions, older than 24 hours; returns their names."""
         now = now or utcnow()
         gone = []
-        with self.db.session() as s:
+        with self._writing(), self.db.session() as s:
             for row in s.scalars(select(PoolPeer).where(PoolPeer.status == "pending")):
                 if (now - aware(row.created_at)).total_seconds() >= PENDING_REQUEST_TTL_S:
                     gone.append(row.node_fqdn)

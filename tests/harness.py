@@ -52,7 +52,8 @@ class RunningNode:
         self.env = EnvSettings.from_environ(env)
         self.node = Node(self.env, extra_plugins=extra_plugins)
         config = uvicorn.Config(create_app(self.node), loop="asyncio", http="httptools", log_level="warning",
-                                access_log=False, lifespan="on", timeout_graceful_shutdown=5)
+                                access_log=False, lifespan="on", timeout_graceful_shutdown=5,
+                                proxy_headers=False)  # as server.make_config
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 

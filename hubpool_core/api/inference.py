@@ -84,7 +84,7 @@ async def read_json_object(request: Request, limit: int) -> tuple[bytes, dict[st
         raise BadRequest(400, "Request body is empty; send a JSON object with a \"model\" field")
     try:
         body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise BadRequest(400, f"Request body is not valid JSON ({exc})") from None
     if not isinstance(body, dict):
         raise BadRequest(400, f"Request body must be a JSON object, not {type(body).__name__}")
@@ -119,7 +119,8 @@ async def routed(request: Request) -> Response:
     if not isinstance(model, str) or not model:
         return JSONResponse(MODEL_REQUIRED, status_code=400)
     settings = node.settings.current
-    backends = await node.local.read(settings.poolProbeSnapshotTtlMs)
+    backends = await node.local.read(settings.poolProbeSnapshotTtlMs,
+                                     engine_queue_depth=bool(settings.poolEngineQueueDepth))
     directions = node.directions()
     peers = usable_peers(node.peers.all(), directions.outbound.enabled)
     if model == AUTO:
@@ -347,6 +348,8 @@ async def version(request: Request) -> Response:
 async def describe_locally(node: Any, raw: bytes, body: dict[str, Any]) -> Response | None:
     """This node's engines describe the model, or None when none of them holds it."""
     model = body.get("model") or body.get("name")
+    if not isinstance(model, str) or not model:
+        return None  # nothing names a model: no engine can hold it
     backends = [b for b in await node.local.read(node.settings.current.poolProbeSnapshotTtlMs)
                 if b.healthy and b.lists(model)]
     for b in backends:
@@ -445,6 +448,22 @@ def build_router() -> APIRouter:
         router.add_api_route(prefix + "/api/version", version, methods=["GET"])
         router.add_api_route(prefix + "/api/show", show, methods=["POST"])
     return router
+
+
+#: full path -> app-facing route, for the pure-ASGI fast path (:func:`serve_routed`)
+FAST_PATHS = {prefix + route: route for prefix in ("", POOL_PREFIX) for route in ROUTED}
+
+
+async def serve_routed(app: Any, scope: dict[str, Any], receive: Any, send: Any, route: str,
+                       handler: Any = None) -> None:
+    """A routed POST straight from the ASGI server: the same handler (:func:`routed` unless
+    another is named) and the same response, without FastAPI's routing, middleware stack
+    and dependency solving, which cost more CPU per request than everything hubpool adds
+    (docs/performance.md)."""
+    scope["app"] = app
+    scope["route_key"] = route
+    response = await (handler or routed)(Request(scope, receive))
+    await response(scope, receive, send)
 
 
 def _with_key(route: str):  # noqa: ANN202 - FastAPI endpoint

@@ -1,11 +1,15 @@
-"""`hubpool bench placement`: what placing one request costs, base ranker against every stage."""
+"""`hubpool bench`: what placing one request costs (`placement`), what the relay adds (`relay`), and how
+many concurrent requests a model takes within a time-to-first-token SLO (`capacity`)."""
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from datetime import datetime, timezone
 from types import SimpleNamespace
+from typing import Any, Optional
+
 import typer
 
 from hubpool_core.cli.main import JsonOption, app, out
@@ -88,3 +92,192 @@ def placement(rounds: int = typer.Option(2000, "--rounds", min=10, max=1_000_000
         out.print(f"{r['candidates']:>10}  {r['baseUs']:>9}  {r['allStagesUs']:>13}  {r['ratio']:>6}")
 
 
+
+
+def _wide() -> Any:
+    """The console for the result tables: a pipe or a CI log gets wide rows, not folded ones."""
+    from rich.console import Console
+
+    return out if out.is_terminal else Console(width=170)
+
+
+def _goals_table(goals: list[dict]) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    colour = {"PASS": "green", "FAIL": "red", "SKIP": "yellow"}
+    table = Table(title="Goals (ratios and differences against direct, medians of interleaved rounds)")
+    for col in ("GOAL", "WHAT", "MEASURED", "VERDICT"):
+        table.add_column(col, overflow="fold")
+    for g in goals:
+        verdict = g["verdict"] + (f" ({g['note']})" if g["note"] else "")
+        table.add_row(g["goal"], escape(g["what"]), escape(g["measured"]),
+                      f"[{colour[g['verdict']]}]{escape(verdict)}[/]")
+    _wide().print(table)
+
+
+def _summary_table(rows: list[dict]) -> None:
+    from rich.table import Table
+
+    table = Table(title="Per target and scenario (medians over rounds; times in ms)")
+    cols = ("scenario", "target", "rps", "ttfb_p50", "ttfb_p99", "total_p50", "total_p99", "cpuMsPerRequest",
+            "failed")
+    for col in cols:
+        table.add_column(col.upper() if col != "cpuMsPerRequest" else "CPU ms/req", justify="right")
+    for r in sorted(rows, key=lambda r: r["scenario"]):
+        table.add_row(*("" if r[c] is None else str(r[c]) for c in cols))
+    _wide().print(table)
+
+
+@bench_app.command("relay")
+def relay(quick: bool = typer.Option(False, "--quick", help="Short counts (about 1–2 minutes), for CI and a first look."),
+          gate: bool = typer.Option(False, "--gate", help="The CI gate: a short run asserting loose ratios; exit 1 "
+                                                          "when one fails."),
+          rounds: Optional[int] = typer.Option(None, "--rounds", min=1, max=50,
+                                               help="Interleaved rounds per scenario (default 3, full run 5)."),
+          duration: Optional[float] = typer.Option(None, "--duration", min=1, max=600,
+                                                   help="Cap in seconds on any single run (default 20, full 60)."),
+          pace_ms: float = typer.Option(20.0, "--pace-ms", min=1, max=1000, help="Paced streams: ms per token."),
+          nginx: bool = typer.Option(True, "--nginx/--no-nginx", help="Compare with nginx when it is installed."),
+          as_json: bool = JsonOption) -> None:
+    """Stub engine, nginx and hubpool nodes (one hop, two hops) under the same load, every goal judged."""
+    from hubpool_core.bench.relay import FAIL, run_bench
+
+    quiet = as_json or not out.is_terminal
+    try:
+        if quiet:
+            report = run_bench(quick=quick, gate=gate, rounds=rounds, duration=duration, pace_ms=pace_ms,
+                               use_nginx=nginx, progress=lambda m: print(f"# {m}", file=sys.stderr, flush=True))
+        else:
+            with out.status("starting") as status:
+                report = run_bench(quick=quick, gate=gate, rounds=rounds, duration=duration, pace_ms=pace_ms,
+                                   use_nginx=nginx, progress=lambda m: status.update(m))
+    except RuntimeError as exc:
+        out.print(f"[red]bench relay could not run: {exc}[/]")
+        raise typer.Exit(2) from None
+    data = report.to_json()
+    if as_json:
+        print(json.dumps(data, indent=2))
+    else:
+        _summary_table(data["summary"])
+        _goals_table(data["goals"])
+        cfg = data["config"]
+        out.print(f"{cfg['rounds']} rounds, {cfg['wallS']} s, load average {cfg['loadavgStart'][0]:.2f} → "
+                  f"{cfg['loadavgEnd'][0]:.2f} on {cfg['cpus']} CPUs" + (f"; nginx {data['nginx']}" if "nginx" in data
+                                                                         else ""))
+    if gate and any(g["verdict"] == FAIL for g in data["goals"]):
+        raise typer.Exit(1)
+
+
+@bench_app.command("capacity")
+def capacity(model: str = typer.Option(..., "--model", "-m", help="The model to load."),
+             url: Optional[str] = typer.Option(None, "--url",
+                                               help="A node's base URL (through the pool), or an engine's "
+                                                    "(the engine alone). Default: this machine's node."),
+             route: str = typer.Option("/v1/chat/completions", "--route",
+                                       help="/v1/chat/completions, /v1/completions, /api/chat or /api/generate."),
+             slo_ttft_ms: float = typer.Option(1000.0, "--slo-ttft-ms", min=1,
+                                               help="The time-to-first-token SLO, in milliseconds."),
+             pct: float = typer.Option(95.0, "--percentile", min=50, max=100,
+                                       help="The percentile of time to first token held to the SLO."),
+             max_concurrency: int = typer.Option(64, "--max-concurrency", min=1, max=4096,
+                                                 help="The highest level tried (levels double up to it)."),
+             levels: Optional[str] = typer.Option(None, "--levels", help="Explicit levels, e.g. 1,2,3,4,6,8."),
+             duration: float = typer.Option(10.0, "--duration", min=0.5, max=600,
+                                            help="Seconds of load at each level."),
+             prompt_tokens: int = typer.Option(256, "--prompt-tokens", min=1, max=200_000,
+                                               help="Prompt size (about 4 bytes a token)."),
+             max_tokens: int = typer.Option(64, "--max-tokens", min=1, max=100_000, help="Tokens asked for."),
+             shared_prefix: bool = typer.Option(False, "--shared-prefix",
+                                                help="Byte-identical prompts (a prefix cache's best case) instead "
+                                                     "of unique ones."),
+             api_key: Optional[str] = typer.Option(None, "--api-key", envvar="HUB_POOL_BENCH_API_KEY",
+                                                   help="An inference key, when the node wants one from here."),
+             as_json: bool = JsonOption) -> None:
+    """Raise concurrency until time to first token breaks the SLO; report the last level that met it."""
+    import asyncio
+
+    from rich.markup import escape
+
+    from hubpool_core.bench.capacity import CapacityError, levels_up_to, run_capacity
+    from hubpool_core.config import EnvSettings
+
+    if route not in ("/v1/chat/completions", "/v1/completions", "/api/chat", "/api/generate"):
+        out.print(f"[red]--route must be /v1/chat/completions, /v1/completions, /api/chat or /api/generate, "
+                  f"not {escape(route)}[/]")
+        raise typer.Exit(2)
+    if levels:
+        try:
+            steps = sorted({int(x) for x in levels.split(",") if x.strip()})
+        except ValueError:
+            out.print(f"[red]--levels is a comma-separated list of whole numbers, not {escape(levels)}[/]")
+            raise typer.Exit(2) from None
+        if not steps or steps[0] < 1 or steps[-1] > max_concurrency:
+            out.print(f"[red]--levels must lie between 1 and --max-concurrency ({max_concurrency})[/]")
+            raise typer.Exit(2)
+    else:
+        steps = levels_up_to(max_concurrency)
+    base = url or EnvSettings().base_url
+    kwargs = dict(route=route, slo_ttft_ms=slo_ttft_ms, pct=pct, levels=steps, duration_s=duration,
+                  prompt_tokens=prompt_tokens, max_tokens=max_tokens, shared_prefix=shared_prefix, api_key=api_key)
+    if as_json or not out.is_terminal:
+        def said(c: int, figures: dict | None) -> None:
+            if figures is None:
+                print(f"# {c} concurrent for {duration:g} s", file=sys.stderr, flush=True)
+
+        try:
+            report = asyncio.run(run_capacity(base, model, on_step=said, **kwargs))
+        except CapacityError as exc:
+            out.print(f"[red]bench capacity: {escape(str(exc))}[/]", soft_wrap=True)
+            raise typer.Exit(1) from None
+    else:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[done]} requests"),
+                      TimeElapsedColumn(), console=out) as progress:
+            task = progress.add_task("starting", total=len(steps), done=0)
+            count = {"n": 0}
+
+            def step(c: int, figures: dict | None) -> None:
+                if figures is None:
+                    progress.update(task, description=f"{c} concurrent ({duration:g} s)")
+                else:
+                    progress.advance(task)
+                    verdict = "met" if figures["metSlo"] else "[red]broke[/]"
+                    progress.console.print(f"  {c:>4} concurrent: TTFT p{pct:g} "
+                                           f"{figures[f'ttftP{pct:g}Ms']} ms, {figures['failed']} failed — {verdict}")
+
+            def tick() -> None:
+                count["n"] += 1
+                progress.update(task, done=count["n"])
+
+            try:
+                report = asyncio.run(run_capacity(base, model, on_step=step, tick=tick, **kwargs))
+            except CapacityError as exc:
+                progress.stop()
+                out.print(f"[red]bench capacity: {escape(str(exc))}[/]", soft_wrap=True)
+                raise typer.Exit(1) from None
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    from rich.table import Table
+
+    key = f"ttftP{pct:g}Ms"
+    table = Table(title=f"{model} at {base}{route}: TTFT p{pct:g} SLO {slo_ttft_ms:g} ms, {report['prompts']} prompts")
+    for col in ("CONCURRENCY", "REQUESTS", "FAILED", "TTFT p50 ms", f"TTFT p{pct:g} ms", "TOTAL p50 ms", "REQ/S",
+                "SLO"):
+        table.add_column(col, justify="right")
+    for s in report["steps"]:
+        table.add_row(str(s["concurrency"]), str(s["requests"]), str(s["failed"]), str(s["ttftP50Ms"]), str(s[key]),
+                      str(s["totalP50Ms"]), str(s["requestsPerS"]), "met" if s["metSlo"] else "[red]broke[/]")
+    _wide().print(table)
+    if report["brokeAt"] is None:
+        out.print(f"capacity: at least {report['capacity']} concurrent (every level up to --max-concurrency met "
+                  "the SLO)")
+    elif report["capacity"] == 0:
+        out.print(f"capacity: none — the SLO broke at {report['brokeAt']} concurrent")
+    else:
+        out.print(f"capacity: {report['capacity']} concurrent (the SLO broke at {report['brokeAt']})")
+    failed = [e for s in report["steps"] for e in s["errors"]]
+    if failed:
+        out.print(f"first errors: {escape('; '.join(failed[:3]))}")

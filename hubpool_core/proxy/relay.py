@@ -155,6 +155,9 @@ class RelayResponse(Response):
         self.plan = plan
         self.background = None
         self.status_code = 200
+        #: the upstream answer being pumped: a hang-up closes it, which wakes the pump's read
+        #: (racing every chunk's read against the hang-up cost two tasks per chunk)
+        self._live: aiohttp.ClientResponse | None = None
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         gone = asyncio.Event()
@@ -164,6 +167,8 @@ class RelayResponse(Response):
                 message = await receive()
                 if message["type"] == "http.disconnect":
                     gone.set()
+                    if self._live is not None:
+                        self._live.close()
                     return
 
         watcher = asyncio.ensure_future(watch())
@@ -359,7 +364,7 @@ class RelayResponse(Response):
             return None
         try:
             parsed = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             return None
         if not isinstance(parsed, dict):
             return None
@@ -528,9 +533,13 @@ class RelayResponse(Response):
             else:
                 headers = _pass_headers(upstream) + headers
                 await send({"type": "http.response.start", "status": status, "headers": headers})
-                if held is not None:
-                    await send({"type": "http.response.body", "body": held, "more_body": True})
-                await self._pump(send, gone, upstream, lambda chunk: (chunk,), judge=judge, cand=cand)
+                if held is not None and upstream.content.at_eof():
+                    # the whole answer is held: one body message, so one write to the app, not two
+                    await send({"type": "http.response.body", "body": held, "more_body": False})
+                else:
+                    if held is not None:
+                        await send({"type": "http.response.body", "body": held, "more_body": True})
+                    await self._pump(send, gone, upstream, lambda chunk: (chunk,), judge=judge, cand=cand)
         finally:
             upstream.release() if upstream.content.at_eof() else upstream.close()
         row["totalMs"] = int((time.monotonic() - started) * 1000)
@@ -547,7 +556,7 @@ class RelayResponse(Response):
         raw = held if held is not None else (judge.last_object if judge is not None else b"")
         try:
             obj = json.loads(raw) if raw else None
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             obj = None
         timings = None
         if engine is not None and isinstance(obj, dict):
@@ -590,9 +599,17 @@ class RelayResponse(Response):
         row, log_ = self.plan.row, self.node.routing_log
         reader = upstream.content
         dropped = False
+        self._live = upstream
         try:
             while True:
-                chunk = await _race(reader.readany(), gone, None)
+                if gone.is_set():
+                    raise ClientGone()
+                try:
+                    chunk = await reader.readany()
+                except aiohttp.ClientError:
+                    if gone.is_set():  # the watcher closed the upstream: the app hung up
+                        raise ClientGone() from None
+                    raise
                 if not chunk:
                     break
                 if judge is not None:

@@ -14,6 +14,7 @@ that is not running, a hung command or garbage output each become
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import shlex
@@ -56,8 +57,10 @@ def normalise_fqdn(name: str) -> str:
     return name.strip().rstrip(".").lower()
 
 
+@functools.lru_cache(maxsize=8)
 def _invocation(cli: str) -> _Invocation | None:
-    """Parse the configured command; ``None`` when it is empty or unparseable."""
+    """Parse the configured command; ``None`` when it is empty or unparseable. Cached: it is
+    a pure function of the setting, and signing every peer forward reached it via shlex."""
     try:
         words = shlex.split(cli)
     except ValueError:

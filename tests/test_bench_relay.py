@@ -1,0 +1,125 @@
+"""The pieces of `hubpool bench relay`, through real sockets: the stub engine, the load
+generator subprocess, the /proc readings, the goals' arithmetic, and one node relaying the
+stub byte for byte. The whole benchmark runs as the CI gate (`hubpool bench relay --gate`
+in .ci/run), not here: a second copy of a 45-second load run would add nothing."""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from harness import RunningNode
+from hubpool_core.bench import procs
+from hubpool_core.bench.relay import CHAT, NATIVE_CHAT, LoadDriver, Report, Run, frames, judge_gate, Target
+from hubpool_core.bench.stub_engine import FAST, PACED, ndjson_frames, sse_frames
+
+
+@pytest.fixture
+def stub(tmp_path):
+    started = procs.Started(tmp_path)
+    try:
+        url, proc = procs.start_stub(started, pace_ms=20, tokens=8)
+        yield url, proc, started
+    finally:
+        started.stop_all()
+
+
+def _chat(stream: bool, model: str = FAST) -> dict:
+    return {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": stream, "max_tokens": 8}
+
+
+@pytest.mark.timeout(60)
+def test_the_stub_answers_every_listing_and_the_same_bytes_twice(stub):
+    url, _proc, _ = stub
+    with httpx.Client(base_url=url, trust_env=False, timeout=10) as c:
+        assert {m["id"] for m in c.get("/v1/models").json()["data"]} == {FAST, PACED}
+        assert {m["name"] for m in c.get("/api/tags").json()["models"]} == {FAST, PACED}
+        assert c.get("/nope").status_code == 404
+        one, two = (c.post(CHAT, json=_chat(True)).content for _ in range(2))
+        assert one == two == b"".join(sse_frames(FAST, 8))
+        native = c.post(NATIVE_CHAT, json={"model": FAST, "messages": [], "options": {"num_predict": 8}})
+        assert native.headers["content-type"] == "application/x-ndjson"
+        assert native.content == b"".join(ndjson_frames(FAST, 8))
+        whole = c.post(CHAT, json=_chat(False)).json()
+        assert whole["choices"][0]["message"]["content"] == "tok " * 8
+        assert c.post(CHAT, json=_chat(False, "missing")).status_code == 404
+        started = time.monotonic()
+        c.post(CHAT, json=_chat(True, PACED))
+        assert time.monotonic() - started >= 8 * 0.020  # paced: 20 ms before each token
+
+
+@pytest.mark.timeout(60)
+def test_the_load_generator_runs_in_its_own_process_and_reports_percentiles(stub):
+    url, proc, started = stub
+    driver = LoadDriver(started)
+    assert driver.proc.pid != os.getpid()
+    cpu_before = procs.cpu_seconds(proc.pid)
+    result = driver.run(url + CHAT, _chat(False), c=4, n=200, deadline_s=30)
+    assert result["ok"] == result["done"] == 200 and result["failed"] == 0
+    assert 0 < result["ttfb_p50"] <= result["ttfb_p99"] and result["total_p50"] <= result["total_p99"]
+    assert result["rps"] > 0
+    # the stub's CPU rose with its work: the readings come from /proc, per process
+    assert procs.cpu_seconds(proc.pid) > cpu_before
+    assert procs.rss_mb(proc.pid) > 1
+    paced = driver.run(url + CHAT, _chat(True, PACED), c=2, n=2, deadline_s=30, capture=True)
+    assert paced["ok"] == 2 and paced["ttfb_p50"] >= 15 and paced["total_p50"] >= 8 * 20
+    assert frames(base64.b64decode(paced["body_b64"]), sse=True) == [f.rstrip(b"\n") for f in sse_frames(PACED, 8)]
+    failing = driver.run("http://127.0.0.1:9/v1/chat/completions", _chat(False), c=1, n=2, deadline_s=10)
+    assert failing["failed"] == 2 and failing["ok"] == 0 and failing["errors"]
+
+
+def test_readings_of_a_process_that_is_gone_are_zero_not_an_error():
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait(30)
+    assert procs.cpu_seconds(ended.pid) == 0.0 and procs.rss_mb(ended.pid) is None
+
+
+@pytest.mark.timeout(90)
+def test_a_node_relays_the_stub_byte_for_byte_sse_and_ndjson(stub, tmp_path):
+    url, _proc, _ = stub
+    from hubpool_core.bench.relay import _engine_choice
+
+    var, all_vars = _engine_choice()
+    with RunningNode(tmp_path / "node", {var: url}) as node, httpx.Client(trust_env=False, timeout=30) as c:
+        for path, body, sse in ((CHAT, _chat(True), True),
+                                (NATIVE_CHAT, {"model": FAST, "messages": [{"role": "user", "content": "hi"}],
+                                               "options": {"num_predict": 8}}, False)):
+            engine = c.post(url + path, json=body).content
+            relayed = c.post(node.url + path, json=body)
+            assert relayed.status_code == 200 and relayed.headers["x-hub-pool-served-by"] == "local"
+            assert frames(relayed.content, sse) == frames(engine, sse) and len(frames(engine, sse)) >= 9
+
+
+def _run(target: str, scenario: str, rnd: int, ok: int, rps: float, cpu: float) -> Run:
+    return Run(target, scenario, rnd, {"ok": ok, "rps": rps, "failed": 0}, cpu, 0.0)
+
+
+def test_the_gate_fails_a_relay_that_burns_cpu_or_loses_paced_throughput():
+    def report(hub_cpu: float, hub_rps: float) -> Report:
+        r = Report(config={})
+        for rnd in range(3):
+            r.runs += [_run("nginx", "saturation-c64", rnd, 1000, 5000, 0.02),
+                       _run("hubpool-1hop", "saturation-c64", rnd, 1000, 1200, hub_cpu)]
+            for c in (16, 64):
+                r.runs += [_run("direct", f"paced-c{c}", rnd, 48, 24.0, 0.05),
+                           _run("hubpool-1hop", f"paced-c{c}", rnd, 48, hub_rps, 0.1)]
+        judge_gate(r, {"nginx": Target("nginx", "", []), "hubpool-1hop": Target("hubpool-1hop", "", [])})
+        return {g["goal"]: g["verdict"] for g in r.goals}
+
+    assert set(report(0.5, 23.8).values()) == {"PASS"}
+    httpx_like = report(4.0, 8.4)  # 4 ms a request and 0.35 of direct: the measured httpx collapse
+    assert httpx_like["gate-cpu"] == "FAIL" and httpx_like["gate-paced-64"] == "FAIL"
+    assert report(1.5, 23.8)["gate-cpu"] == "FAIL"  # a 3× regression of today's relay (75× nginx)
+
+
+def test_the_bench_imports_no_simulator():
+    root = Path(__file__).resolve().parents[1] / "hubpool_core" / "bench"
+    for path in root.glob("*.py"):
+        assert "hubpool_sim" not in path.read_text(), path
