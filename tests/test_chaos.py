@@ -26,6 +26,7 @@ import pytest
 
 from harness import RunningNode, fqdn
 from hubpool_sim import SimConfig, SimModel, run_in_thread
+from history import read_stream  # the same frame reading the fault suite reconciles with
 from process_harness import make_process_pool, pair, wait_connected
 
 MODEL = "llama3.2:3b"
@@ -77,36 +78,6 @@ class Operation:
 def request_body(route: str, worker: int, seq: int) -> dict:
     messages = [{"role": "user", "content": f"worker {worker} turn {seq}. {PADDING}"}]
     return {"model": MODEL, "messages": messages, "stream": True}
-
-
-def read_stream(response: httpx.Response, op: Operation) -> None:
-    """Count content frames and notice the dialect's final frame: `done: true` (native); a
-    chunk with a finish_reason, or [DONE] (OpenAI: what its SDKs, and hubpool's own output
-    check, take as the end of an answer). Anything after `done: true` or [DONE] is counted."""
-    closed = False
-    for line in response.iter_lines():
-        line = line.strip()
-        if not line:
-            continue
-        if closed:
-            op.frames_after_final += 1
-        if op.route == "/api/chat":
-            frame = json.loads(line)
-            if frame.get("done") is True:
-                op.final = closed = True
-            elif (frame.get("message") or {}).get("content"):
-                op.tokens += 1
-        elif line.startswith("data:"):
-            data = line[5:].strip()
-            if data == "[DONE]":
-                op.final = closed = True
-                continue
-            frame = json.loads(data)
-            for choice in frame.get("choices") or []:
-                if (choice.get("delta") or {}).get("content"):
-                    op.tokens += 1
-                if choice.get("finish_reason"):
-                    op.final = True
 
 
 def client_worker(worker: int, urls: dict[str, str], ops: list[Operation], rr: itertools.count,

@@ -1,4 +1,4 @@
-"""The fault suite's own modules (rig, faultproxy, history) import each other by name: put
+"""The fault suite's own modules (rig, faultproxy) import each other by name: put
 this directory on the path, as pyproject's pythonpath does for tests/."""
 
 from __future__ import annotations
