@@ -5,7 +5,15 @@ Plugins import what they implement from here::
     from hubpool_core import hookimpl, Engine, ProbeResult, ModelInfo
 """
 
-from hubpool_core.directory import Directory, DirectoryCandidate, TailnetStatus
+import sys as _sys
+
+# httpx imports its own command line (click, rich, pygments: about 8 MB resident) as it is
+# imported; nothing that imports hubpool_core runs it. A None entry makes that one import fail,
+# which httpx handles (its `main` then asks for httpx[cli]); the `httpx` command is unaffected.
+if "httpx" not in _sys.modules:
+    _sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
+
+from hubpool_core.directory import Directory, DirectoryCandidate, TailnetStatus  # noqa: E402
 from hubpool_core.engine import (
     NATIVE,
     OPENAI,

@@ -28,7 +28,7 @@ from hubpool_core.quarantine import Quarantine
 from hubpool_core.throughput import ThroughputStore
 from hubpool_core.pressure_sampler import PressureSampler
 from hubpool_core.plugins import PluginHost, load_plugins
-from hubpool_core.proxy.relay import Budgets
+from hubpool_core.proxy.relay import Budgets, ReuseAwareConnector
 from hubpool_core.routing_log import DEFAULT_CAPACITY, MAX_CAPACITY, RoutingLog, now_iso
 from hubpool_core.signing import NonceCache
 from hubpool_core.store import Database
@@ -171,7 +171,7 @@ class Node:
             self._session = aiohttp.ClientSession(
                 auto_decompress=False,
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=15),
-                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+                connector=ReuseAwareConnector(limit=0, ttl_dns_cache=300),
             )
         return self._session
 

@@ -30,6 +30,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Mapping
+from functools import lru_cache
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,6 +160,13 @@ def normalize_peer_fqdn(value: str | None) -> str | None:
     """
     if not isinstance(value, str):
         return None
+    return _normalize_fqdn(value)
+
+
+@lru_cache(maxsize=1024)
+def _normalize_fqdn(value: str) -> str | None:
+    # a pure function of the string, asked twice for every forward a peer receives (the guard
+    # and the verification): the few names of a pool are worked out once (G9)
     candidate = value.strip(_JS_WHITESPACE).lower()
     if candidate.endswith("."):
         candidate = candidate[:-1]
@@ -454,12 +462,14 @@ def spki_from_verify_key(key: VerifyKey) -> str:
     return base64.b64encode(_SPKI_PREFIX + bytes(key)).decode("ascii")
 
 
+@lru_cache(maxsize=256)
 def verify_key_from_spki(spki_b64: str) -> VerifyKey:
     """Parse :func:`spki_from_verify_key` output back into a key.
 
     Accepts exactly the 44-byte Ed25519 SPKI DER (the 12-byte prefix ``302a300506032b6570032100``
     and 32 key bytes) in standard base64. Raises ValueError for anything else — another curve,
-    truncated DER, bad base64, None.
+    truncated DER, bad base64, None. Cached: a pinned key is parsed once, not per forward (a
+    refusal, a ValueError, is never cached).
     """
     try:
         der = _b64std_decode(spki_b64)

@@ -8,7 +8,7 @@ from urllib.parse import urlencode
 
 import typer
 
-from hubpool_core.cli.main import JsonOption, UrlOption, _client, _fail, app, out
+from hubpool_core.cli.commands import JsonOption, UrlOption, _client, _fail, app, out
 from hubpool_core.cli.client import NodeError
 
 MARK = {"ready": "✓", "warning": "!", "needs action": "✗"}

@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import typer
 
-from hubpool_core.cli.main import JsonOption, app, out
+from hubpool_core.cli.commands import JsonOption, app, out
 
 bench_app = typer.Typer(help="Measure what hubpool adds (figures as ratios against a baseline from the same run).",
                         no_args_is_help=True)

@@ -9,7 +9,7 @@ from typing import Any, Optional
 import typer
 
 from hubpool_core.cli.format import counts_line, labelled, table, when
-from hubpool_core.cli.main import UrlOption, _fail, app
+from hubpool_core.cli.commands import UrlOption, _fail, app
 from hubpool_core.cli.pairing_commands import _call
 
 P = "/api/inference/pool"

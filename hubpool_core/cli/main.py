@@ -1,200 +1,67 @@
-"""The `hubpool` command line.
+"""The `hubpool` entry point.
 
-The CLI manages only the node on the machine where it runs: it finds that node through
-the same environment as `hubpool serve` (HUB_POOL_DATA_DIR and HUB_POOL_LISTEN), or
---url, and reads the operator key from the data directory (or HUB_POOL_OPERATOR_KEY).
+`hubpool serve` is the long-running process and the one whose memory counts (docs/performance.md,
+G7): typer and rich (about 12 MB resident) are not imported for it. Its two options are read
+here; anything else, and every other command, goes to the typer CLI in
+hubpool_core.cli.commands, which also answers `serve --help` and misspelt options.
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import os
 import sys
-from typing import Any, Optional
+from typing import Any
 
-import typer
-from rich.console import Console
-from rich.table import Table
-
-from hubpool_core.cli.client import NodeClient, NodeError
-from hubpool_core.config import EnvSettings
-
-app = typer.Typer(
-    name="hubpool",
-    help="Pool the LLM inference machines on your tailnet into one. "
-         "Each command manages the node on this machine.",
-    no_args_is_help=True,
-    add_completion=False,
-    rich_markup_mode=None,
-)
-api_key_app = typer.Typer(help="Create, list and revoke API keys for apps, monitoring and automation.",
-                          no_args_is_help=True)
-app.add_typer(api_key_app, name="api-key")
-
-out = Console()
-err = Console(stderr=True)
-
-UrlOption = typer.Option(None, "--url", help="The node's base URL (default: from HUB_POOL_LISTEN).")
-JsonOption = typer.Option(False, "--json", help="Print JSON instead of text.")
+SERVE_OPTIONS = ("--listen", "--log-level")
 
 
-def _fail(message: str, code: int = 1) -> None:
-    err.print(f"[red]error:[/red] {message}", highlight=False)
-    raise typer.Exit(code)
-
-
-def _client(url: Optional[str]) -> NodeClient:
-    try:
-        return NodeClient.from_environment(url)
-    except NodeError as exc:
-        _fail(str(exc))
-        raise  # unreachable
-
-
-@app.command()
-def serve(
-    listen: Optional[str] = typer.Option(None, "--listen", help="host:port to listen on (default HUB_POOL_LISTEN, "
-                                                                "127.0.0.1:5002)."),
-    log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
-) -> None:
-    """Run this machine's node in the foreground (logs go to stderr)."""
-    from hubpool_core.server import run_node
-
-    if listen:
-        os.environ["HUB_POOL_LISTEN"] = listen
-    run_node(EnvSettings(), log_level=log_level)
-
-
-@app.command()
-def plugins(as_json: bool = JsonOption) -> None:
-    """List installed plugins: kind, distribution, version, active or why not, and order."""
-    from hubpool_core.config import SettingsStore
-    from hubpool_core.plugins import load_plugins
-
-    logging.getLogger("hubpool.plugins").setLevel(logging.ERROR)
-    env = EnvSettings()
-    setting = SettingsStore(env.data_dir / "settings.json").current.pluginsDisabled
-    host = load_plugins(env.disabled_plugin_names, setting)
-    rows = [r.as_json() for r in host.records]
-    if as_json:
-        print(json.dumps({"plugins": rows}, indent=2))
-        return
-    table = Table(box=None, pad_edge=False)
-    for col in ("NAME", "KIND", "DISTRIBUTION", "VERSION", "STATE", "ORDER"):
-        table.add_column(col)
-    for r in rows:
-        state = "active" if r["active"] else f"inactive: {r['reason']}"
-        table.add_row(r["name"], r["kind"] or "-", r["distribution"] or "-", r["version"] or "-", state,
-                      "" if r["order"] is None else str(r["order"]))
-    out.print(table)
-
-
-@app.command("settings")
-def settings_cmd(
-    changes: list[str] = typer.Argument(None, help="KEY=VALUE pairs to change, e.g. poolLocalAffinity=2. "
-                                                   "Values are JSON (true, 3, null)."),
-    url: Optional[str] = UrlOption,
-) -> None:
-    """Show the pool settings, or change some: hubpool settings poolHealthPollSeconds=60."""
-    client = _client(url)
-    try:
-        if not changes:
-            data = client.get("/api/inference/pool/settings")
-        else:
-            patch: dict[str, Any] = {}
-            for item in changes:
-                key, sep, value = item.partition("=")
-                if not sep:
-                    _fail(f"{item!r} is not KEY=VALUE")
-                try:
-                    patch[key] = json.loads(value)
-                except ValueError:
-                    patch[key] = value
-            data = client.patch("/api/inference/pool/settings", patch)
-    except NodeError as exc:
-        _fail(str(exc))
-    print(json.dumps(data, indent=2))
-
-
-# -- api keys (local: they live in this machine's store) ------------------------------
-
-def _keystore():  # noqa: ANN202
-    from hubpool_core.credentials import KeyStore
-    from hubpool_core.store import Database
-
-    env = EnvSettings()
-    db = Database(env.resolved_database_url())
-    db.migrate()
-    return KeyStore(db, env.data_dir, env.operator_key)
-
-
-@api_key_app.command("create")
-def api_key_create(
-    scope: str = typer.Option(..., "--scope", help="operator, inference (apps and editors) or qa:read "
-                                                   "(status and routing log only)."),
-    name: Optional[str] = typer.Option(None, "--name", help="A label to recognise the key by."),
-) -> None:
-    """Mint a key; it is printed once and only its hash is kept."""
-    from hubpool_core.credentials import SCOPES
-
-    if scope not in SCOPES:
-        _fail(f"--scope must be one of {', '.join(SCOPES)}")
-    row, key = _keystore().create(name or scope, scope)
-    err.print(f"Created {scope} key {row.id[:8]} ({row.name}). Copy it now; it is not shown again:")
-    print(key)
-
-
-@api_key_app.command("list")
-def api_key_list(as_json: bool = JsonOption) -> None:
-    """List keys (never the keys themselves)."""
-    from hubpool_core.credentials import public_key_row
-
-    rows = [public_key_row(r) for r in _keystore().list()]
-    if as_json:
-        print(json.dumps(rows, indent=2))
-        return
-    table = Table(box=None, pad_edge=False)
-    for col in ("ID", "NAME", "SCOPE", "PREFIX", "CREATED", "LAST USED", "REVOKED"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(r["id"][:8], r["name"], r["scope"], r["prefix"] + "…", r["createdAt"] or "-",
-                      r["lastUsedAt"] or "-", r["revokedAt"] or "-")
-    out.print(table)
-
-
-@api_key_app.command("revoke")
-def api_key_revoke(key_id: str = typer.Argument(..., help="The key's id, id prefix or name.")) -> None:
-    """Revoke a key; requests carrying it are refused from then on."""
-    try:
-        row = _keystore().revoke(key_id)
-    except LookupError as exc:
-        _fail(str(exc))
-    if row is None:
-        _fail(f"no active key matches {key_id!r} (see `hubpool api-key list`)")
-    err.print(f"Revoked {row.scope} key {row.id[:8]} ({row.name}).")
+def serve_arguments(argv: list[str]) -> dict[str, str] | None:
+    """{"--listen": ..., "--log-level": ...} when ``argv`` is exactly `serve` with those options
+    (`--opt value` or `--opt=value`, each at most once); None for anything else."""
+    if not argv or argv[0] != "serve":
+        return None
+    found: dict[str, str] = {}
+    rest = argv[1:]
+    i = 0
+    while i < len(rest):
+        arg = rest[i]
+        name, eq, value = arg.partition("=")
+        if name not in SERVE_OPTIONS or name in found:
+            return None
+        if not eq:
+            if i + 1 >= len(rest) or rest[i + 1].startswith("-"):
+                return None
+            value = rest[i + 1]
+            i += 1
+        found[name] = value
+        i += 1
+    return found
 
 
 def main() -> None:
+    """Run the `hubpool` command line."""
     for stream in (sys.stdout, sys.stderr):  # a terminal that cannot show ✓ gets '?', never a traceback
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="replace")
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    try:
-        from hubpool_core.plugins import load_plugins
+    options = serve_arguments(sys.argv[1:])
+    if options is None:
+        from hubpool_core.cli.commands import main as cli_main
 
-        logging.getLogger("hubpool.plugins").setLevel(logging.ERROR)
-        from hubpool_core.config import SettingsStore
+        cli_main()
+        return
+    from hubpool_core.config import EnvSettings
+    from hubpool_core.server import run_node
 
-        env = EnvSettings()
-        setting = SettingsStore(env.data_dir / "settings.json").current.pluginsDisabled
-        load_plugins(env.disabled_plugin_names, setting).add_cli_commands(app)
-    except Exception:  # noqa: BLE001 - plugin commands are optional; the core CLI must still work
-        pass
-    app()
+    if options.get("--listen"):
+        os.environ["HUB_POOL_LISTEN"] = options["--listen"]
+    run_node(EnvSettings(), log_level=options.get("--log-level", "info"))
 
 
-# the other verbs live in their own modules; importing them registers them on `app`
-from hubpool_core.cli import status_commands, log_commands, pin_commands, pairing_commands  # noqa: E402,F401,I001
-from hubpool_core.cli import advice_commands  # noqa: E402,F401
-from hubpool_core.cli import bench_commands  # noqa: E402,F401
+def __getattr__(name: str) -> Any:
+    # `from hubpool_core.cli.main import app` (and the other names) keeps working; dunder
+    # lookups (the import system asks for __path__) must not load the typer CLI
+    if name.startswith("__"):
+        raise AttributeError(name)
+    from hubpool_core.cli import commands
+
+    return getattr(commands, name)

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from hubpool_core.cli.client import NodeError
 from hubpool_core.cli.format import peers_table, when
-from hubpool_core.cli.main import JsonOption, UrlOption, _client, _fail, app, err, out
+from hubpool_core.cli.commands import JsonOption, UrlOption, _client, _fail, app, err, out
 
 P = "/api/inference/pool"
 YesOption = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation (also HUB_POOL_ASSUME_YES=1).")

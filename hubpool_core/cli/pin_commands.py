@@ -10,7 +10,7 @@ from urllib.parse import quote
 import typer
 
 from hubpool_core.cli.client import NodeError
-from hubpool_core.cli.main import UrlOption, _client, _fail, app
+from hubpool_core.cli.commands import UrlOption, _client, _fail, app
 from hubpool_core.cli.pairing_commands import _call
 
 P = "/api/inference/pool"

@@ -10,7 +10,7 @@ import typer
 
 from hubpool_core.cli.client import NodeError
 from hubpool_core.cli.format import counts_line, flag, labelled, peers_table, plural, table, when
-from hubpool_core.cli.main import UrlOption, _client, _fail, app
+from hubpool_core.cli.commands import UrlOption, _client, _fail, app
 from hubpool_core.cli.pairing_commands import YesOption, _call, _confirm
 
 P = "/api/inference/pool"

@@ -10,10 +10,12 @@ the turn is never placed on another candidate.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import logging
 import math
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +51,65 @@ LOCAL_PREFIX = "/api/inference/pool/local"
 
 class ClientGone(Exception):
     """The app closed its connection."""
+
+
+class _Send:
+    """What the connector tells the relay about one upstream request, and the reverse."""
+
+    __slots__ = ("reused", "fresh")
+
+    def __init__(self, fresh: bool = False) -> None:
+        self.reused = False
+        self.fresh = fresh
+
+
+#: set by the relay around one upstream request (the request's task copies it, the object is shared)
+_SEND: contextvars.ContextVar[_Send | None] = contextvars.ContextVar("hubpool_send", default=None)
+
+
+class ReuseAwareConnector(aiohttp.TCPConnector):
+    """A TCPConnector that tells the relay whether a request went out on a pooled connection,
+    and can be told to open a fresh one.
+
+    An engine or peer may close an idle kept-alive connection just as the relay sends on it;
+    the request then dies before any byte of an answer. Only on a reused connection is that
+    the keep-alive race (a fresh connection that dies that way is a real failure), so the
+    relay needs to know which it was, and its one retry must not take another pooled
+    connection the same engine may be closing too. aiohttp says neither; the protocols this
+    connector handed out are remembered weakly (a closed connection's is collected)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # noqa: D107
+        super().__init__(*args, **kwargs)
+        self._handed_out: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    async def _get(self, key: Any, traces: Any) -> Any:
+        # aiohttp's pool lookup (private, stable since 3.8): skipped for a retry's fresh connection
+        state = _SEND.get()
+        if state is not None and state.fresh:
+            return None
+        return await super()._get(key, traces)
+
+    async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:  # noqa: D102
+        conn = await super().connect(req, traces, timeout)
+        proto = conn.protocol
+        if proto is not None:
+            if proto in self._handed_out:
+                state = _SEND.get()
+                if state is not None:
+                    state.reused = True
+            else:
+                self._handed_out.add(proto)
+        return conn
+
+
+def _reset_before_answer(exc: BaseException) -> bool:
+    """The peer closed or reset the connection before sending any byte of a response."""
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        # with part of a response read, aiohttp carries it as the message: then bytes arrived
+        return isinstance(exc.message, str)
+    # a reset (ECONNRESET, EPIPE) carries no partial message, so whether bytes had arrived is
+    # not known: on a reused connection it is taken as the race, as browsers do
+    return isinstance(exc, aiohttp.ClientOSError) and not isinstance(exc, aiohttp.ClientConnectorError)
 
 
 @dataclass
@@ -158,6 +219,11 @@ class RelayResponse(Response):
         #: the upstream answer being pumped: a hang-up closes it, which wakes the pump's read
         #: (racing every chunk's read against the hang-up cost two tasks per chunk)
         self._live: aiohttp.ClientResponse | None = None
+        #: the task walking the candidates, and whether it is inside _until (a hang-up then
+        #: cancels it there) and was cancelled by the hang-up (rather than by the server)
+        self._task: asyncio.Task[Any] | None = None
+        self._waiting = False
+        self._hung_up = False
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         gone = asyncio.Event()
@@ -169,8 +235,12 @@ class RelayResponse(Response):
                     gone.set()
                     if self._live is not None:
                         self._live.close()
+                    if self._waiting and not self._hung_up and self._task is not None:
+                        self._hung_up = True
+                        self._task.cancel()
                     return
 
+        self._task = asyncio.current_task()
         watcher = asyncio.ensure_future(watch())
         started = time.monotonic()
         try:
@@ -247,6 +317,72 @@ class RelayResponse(Response):
                                          skip_auto_headers=("Accept-Encoding",))
         return request, translator
 
+    async def _send(self, cand: Candidate, gone: asyncio.Event,
+                    attempt_started: float) -> tuple[aiohttp.ClientResponse, NativeToOpenAI | None]:
+        """Send one attempt and wait for the answer's headers, within the plan's budget.
+
+        When the request went out on a reused keep-alive connection and the other side closed
+        or reset it before any byte of an answer, it is sent once more on a fresh connection:
+        the engine (or peer) closed the idle connection just as it was reused, and never saw
+        the request (RFC 9112 §9.3.1; browsers and Envoy retry this case). Anything else, and
+        any second failure, is the attempt's failure as before."""
+        budget_s = self.plan.budget_ms / 1000
+        request, translator = await self._open(cand)
+        state = _Send()
+        token = _SEND.set(state)
+        try:
+            return await self._until(request, gone, budget_s), translator
+        except aiohttp.ClientError as exc:
+            if not (state.reused and _reset_before_answer(exc)):
+                raise
+            first = exc
+            log.info("%s closed a kept-alive connection as it was reused (%s): sending again on a fresh one",
+                     cand.node, _transport_code(exc))
+        finally:
+            _SEND.reset(token)
+        remaining = budget_s - (time.monotonic() - attempt_started)
+        if remaining <= 0:
+            raise asyncio.TimeoutError()
+        # _open again: a peer's signature carries a nonce, which is never sent twice
+        request, translator = await self._open(cand)
+        token = _SEND.set(_Send(fresh=True))
+        try:
+            return await self._until(request, gone, remaining), translator
+        except aiohttp.ClientError:
+            # the retry failed too (a node that died mid-request refuses the fresh connection):
+            # the attempt's reason is what happened to the request itself, not to its retry
+            raise first from None
+        finally:
+            _SEND.reset(token)
+
+    async def _until(self, awaitable: Any, gone: asyncio.Event, timeout: float | None) -> Any:
+        """Await ``awaitable`` in this task unless the app hangs up first (ClientGone: the
+        watcher cancels the wait, which closes the upstream socket, which is how the engine
+        learns to stop) or ``timeout`` seconds pass (TimeoutError).
+
+        Awaited in place: racing it against the hang-up in two new tasks per wait cost more
+        than the rest of a non-streamed request's own work (docs/performance.md, step 6)."""
+        if gone.is_set():
+            if asyncio.iscoroutine(awaitable):
+                awaitable.close()
+            raise ClientGone()
+        self._waiting = True
+        try:
+            if timeout is None:
+                return await awaitable
+            async with asyncio.timeout(timeout):
+                return await awaitable
+        except asyncio.CancelledError:
+            if not self._hung_up:
+                raise  # the server is stopping this request: not ours to swallow
+            self._hung_up = False
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            raise ClientGone() from None
+        finally:
+            self._waiting = False
+
     def _observe(self, hook: str, *args: Any) -> None:
         for stage in self.plan.observers:
             try:
@@ -274,9 +410,8 @@ class RelayResponse(Response):
             load.acquire(cand.peer_id, work)
             released = False
             try:
-                request, translator = await self._open(cand)
                 try:
-                    upstream = await _race(request, gone, plan.budget_ms / 1000)
+                    upstream, translator = await self._send(cand, gone, attempt_started)
                 except ClientGone:
                     waited = int((time.monotonic() - started) * 1000)
                     log_.touch(row, outcome="failed", status=None, clientClosed=True, durationMs=waited,
@@ -357,7 +492,7 @@ class RelayResponse(Response):
         if engine is None:
             return None
         try:
-            body = await _race(upstream.content.read(VERDICT_BODY_LIMIT + 1), gone, VERDICT_READ_S)
+            body = await self._until(upstream.content.read(VERDICT_BODY_LIMIT + 1), gone, VERDICT_READ_S)
         except (asyncio.TimeoutError, aiohttp.ClientError):
             return None
         if len(body) > VERDICT_BODY_LIMIT:
@@ -422,7 +557,7 @@ class RelayResponse(Response):
     async def _read_whole(self, upstream: aiohttp.ClientResponse, gone: asyncio.Event) -> bytes | None:
         """A non-streamed completion, read whole before anything is sent (it is judged first)."""
         try:
-            body = await _race(upstream.content.read(MAX_JUDGED_BODY_BYTES + 1), gone, None)
+            body = await self._until(upstream.content.read(MAX_JUDGED_BODY_BYTES + 1), gone, None)
         except aiohttp.ClientError as exc:
             raise _Failed(upstream.status, f"{TRUNCATED} ({_transport_code(exc)})") from None
         if len(body) > MAX_JUDGED_BODY_BYTES:
@@ -582,7 +717,7 @@ class RelayResponse(Response):
                                 headers: list[tuple[bytes, bytes]], held: bytes | None, judge: Any) -> None:
         status = upstream.status
         if not streamed or status >= 400:
-            raw = held if held is not None else await _race(upstream.read(), gone, None)
+            raw = held if held is not None else await self._until(upstream.read(), gone, None)
             body = translator.whole(status, raw)
             await send({"type": "http.response.start", "status": status,
                         "headers": [(b"content-type", b"application/json")] + headers})
@@ -645,31 +780,6 @@ class RelayResponse(Response):
         elif dropped and cand is not None:
             self._output_fault(cand, f"{TRUNCATED} ({DROPPED})")
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
-async def _race(awaitable: Any, gone: asyncio.Event, timeout: float | None) -> Any:
-    """Await ``awaitable`` unless the client goes away first (then cancel it: the upstream
-    socket closes, which is how the engine learns to stop)."""
-    task = asyncio.ensure_future(awaitable)
-    waiter = asyncio.ensure_future(gone.wait())
-    try:
-        done, _ = await asyncio.wait({task, waiter}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        task.cancel()
-        waiter.cancel()
-        raise
-    if task in done:
-        waiter.cancel()
-        return task.result()
-    task.cancel()
-    waiter.cancel()
-    try:
-        await task
-    except BaseException:  # noqa: BLE001 - the cancelled request's outcome is irrelevant now
-        pass
-    if waiter in done:
-        raise ClientGone()
-    raise asyncio.TimeoutError()
 
 
 def _transport_code(exc: BaseException) -> str:

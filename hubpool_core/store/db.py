@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import ast
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
-from alembic import command
-from alembic.config import Config
-from sqlalchemy import create_engine, event
+from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine as SqlEngine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -28,17 +30,100 @@ class Database:
         self.sessions = sessionmaker(self.engine, expire_on_commit=False, class_=Session)
 
     def migrate(self) -> None:
-        """Bring the schema to the newest revision (alembic upgrade head)."""
+        """Bring the schema to the newest revision (alembic upgrade head).
+
+        alembic (about 10 MB resident once imported, with mako) is loaded only when the schema
+        is behind: a plain query of alembic_version against the newest revision file decides."""
+        if self.current_revision() == head_revision():
+            return
+        from alembic import command
+        from alembic.config import Config
+
         cfg = Config()
         cfg.set_main_option("script_location", str(MIGRATIONS))
         cfg.attributes["connection_engine"] = self.engine
         command.upgrade(cfg, "head")
+
+    def current_revision(self) -> str | None:
+        """The schema revision alembic recorded here, or None (new database, or no single one)."""
+        try:
+            with self.engine.connect() as conn:
+                rows = conn.execute(text("SELECT version_num FROM alembic_version")).fetchall()
+        except Exception:  # noqa: BLE001 - no table yet (or unreadable): the migration decides
+            return None
+        return rows[0][0] if len(rows) == 1 else None
 
     def session(self) -> Session:
         return self.sessions()
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+#: the child that migrates for a long-running process: the URL comes in the environment (a
+#: database password never shows in the process list)
+_MIGRATE_CHILD = (
+    "import os, sys\n"
+    "from hubpool_core.store.db import Database\n"
+    "db = Database(os.environ['HUB_POOL_MIGRATE_URL'])\n"
+    "db.migrate()\n"
+    "db.dispose()\n"
+)
+
+
+def migrate_apart(url: str, timeout_s: float = 300) -> bool:
+    """Bring the schema at ``url`` to the newest revision in a short-lived child process.
+
+    For the long-running node (`hubpool serve`): alembic and mako stay resident once
+    imported (about 12 MB, docs/performance.md G7), and a node only needs them the first time
+    it meets a database. True when the schema is at the newest revision afterwards; False
+    when the child failed or cannot see the same database (SQLite in memory), in which case
+    the node's own :meth:`Database.migrate` runs it in-process and reports any error itself."""
+    if url.startswith("sqlite") and (":memory:" in url or url.rstrip("/") in ("sqlite:", "sqlite+pysqlite:")
+                                     or "mode=memory" in url):
+        return False
+    db = Database(url)
+    try:
+        if db.current_revision() == head_revision():
+            return True
+    finally:
+        db.dispose()
+    env = dict(os.environ, HUB_POOL_MIGRATE_URL=url)
+    try:
+        done = subprocess.run([sys.executable, "-c", _MIGRATE_CHILD], env=env, timeout=timeout_s,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.info("schema migration in a child process did not run (%s); migrating in-process", exc)
+        return False
+    if done.returncode != 0:
+        tail = done.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
+        log.info("schema migration in a child process failed (%s); migrating in-process", tail[0])
+        return False
+    return True
+
+
+def head_revision() -> str | None:
+    """The newest revision among the migration files: the one no other revision follows.
+
+    Read from each file's `revision` / `down_revision` assignments without importing alembic;
+    None when that is not one clear head (alembic then decides)."""
+    revisions: dict[str, object] = {}
+    for path in (MIGRATIONS / "versions").glob("*.py"):
+        values: dict[str, object] = {}
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                    and node.targets[0].id in ("revision", "down_revision"):
+                try:
+                    values[node.targets[0].id] = ast.literal_eval(node.value)
+                except ValueError:
+                    return None
+        if isinstance(values.get("revision"), str):
+            revisions[values["revision"]] = values.get("down_revision")
+    followed = set()
+    for down in revisions.values():
+        followed.update(down if isinstance(down, (tuple, list)) else [down])
+    heads = [r for r in revisions if r not in followed]
+    return heads[0] if len(heads) == 1 else None
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:  # noqa: ANN001 - DB-API connection
