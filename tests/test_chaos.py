@@ -27,6 +27,7 @@ import pytest
 from harness import RunningNode, fqdn
 from hubpool_sim import SimConfig, SimModel, run_in_thread
 from history import read_stream  # the same frame reading the fault suite reconciles with
+from raw_http import RawHttpServer, read_request, send_json
 from process_harness import make_process_pool, pair, wait_connected
 
 MODEL = "llama3.2:3b"
@@ -132,7 +133,7 @@ def chaos(victim, t0: float, stop_at: float, events: list[dict], errors: list[st
 
 # -- the answer that was whole when its connection died ------------------------------------
 
-class FinishThenCloseEngine:
+class FinishThenCloseEngine(RawHttpServer):
     """A raw-socket Ollama whose streamed chat sends every token and the closing frame
     (`done: true`; on /v1/chat/completions the finish_reason chunk, not [DONE]), then (0.3 s
     later) closes the connection without the chunked terminator: what the pool sees when a
@@ -141,49 +142,15 @@ class FinishThenCloseEngine:
 
     def __init__(self, model: str):
         self.model = model
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.sock.settimeout(0.2)
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.closing = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
+        super().__init__()
 
-    def _serve(self) -> None:
-        while not self.closing.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except (socket.timeout, OSError):
-                continue
-            with conn:
-                conn.settimeout(5)
-                try:
-                    self._answer(conn)
-                except OSError:
-                    pass
-
-    def _answer(self, conn: socket.socket) -> None:
-        raw = b""
-        while b"\r\n\r\n" not in raw and len(raw) < 65536:
-            chunk = conn.recv(4096)
-            if not chunk:
-                return
-            raw += chunk
-        head, _, body = raw.partition(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        length = next((int(h.split(":", 1)[1]) for h in lines[1:] if h.lower().startswith("content-length:")), 0)
-        while len(body) < length:
-            chunk = conn.recv(4096)
-            if not chunk:
-                return
-            body += chunk
-        path = lines[0].split(" ")[1]
+    def handle(self, conn: socket.socket, serial: int) -> None:
+        got = read_request(conn)
+        if got is None:
+            return
+        path = got[0].decode("latin-1")
         if path == "/api/tags":
-            payload = json.dumps({"models": [{"name": self.model, "model": self.model}]}).encode()
-            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
-                         b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload))
+            send_json(conn, {"models": [{"name": self.model, "model": self.model}]}, close=True)
             return
         if path == "/api/chat":
             frames = [json.dumps({"model": self.model, "message": {"role": "assistant", "content": f"tok{i} "},
@@ -207,11 +174,6 @@ class FinishThenCloseEngine:
         # relay at all, since aiohttp's StreamReader raises the connection error before its buffer)
         time.sleep(0.3)
         conn.shutdown(socket.SHUT_WR)
-
-    def close(self) -> None:
-        self.closing.set()
-        self.thread.join(5)
-        self.sock.close()
 
 
 def final_frame_then_cut(root, route: str) -> tuple[Operation, dict]:

@@ -12,7 +12,6 @@ answering — exactly what the relay sees when it loses the race."""
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 import time
@@ -20,12 +19,13 @@ import time
 import httpx
 
 from harness import RunningNode
+from raw_http import RawHttpServer, read_request, send_json
 
 MODEL = "llama3.2:3b"
 KEEP_ALIVE_S = 0.3
 
 
-class ShortKeepAliveEngine:
+class ShortKeepAliveEngine(RawHttpServer):
     """Ollama on raw sockets. `mode` says what happens to a chat on a connection that has been
     idle past the keep-alive: "close" (the race: closed unanswered), "partial" (closed after the
     first bytes of a status line). `refuse_fresh` closes every chat unanswered, even on a new
@@ -33,100 +33,47 @@ class ShortKeepAliveEngine:
 
     def __init__(self, mode: str = "close", refuse_fresh: bool = False) -> None:
         self.mode, self.refuse_fresh = mode, refuse_fresh
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.sock.settimeout(0.2)
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.closing = threading.Event()
         self.lock = threading.Lock()
         self.chat_connections: set[int] = set()  # ids of the connections a chat arrived on
         self.chats_received = 0
         self.chats_answered = 0
         self.dropped_on_reuse = 0
-        self.threads: list[threading.Thread] = []
-        self.thread = threading.Thread(target=self._accept, daemon=True)
-        self.thread.start()
+        super().__init__(backlog=64, thread_per_connection=True)
 
-    def _accept(self) -> None:
-        serial = 0
+    def handle(self, conn: socket.socket, serial: int) -> None:
+        # one connection, kept alive across requests
+        answered_at: float | None = None
         while not self.closing.is_set():
             try:
-                conn, _ = self.sock.accept()
+                got = read_request(conn)
             except OSError:
-                continue
-            serial += 1
-            t = threading.Thread(target=self._serve, args=(conn, serial), daemon=True)
-            t.start()
-            self.threads.append(t)
-
-    def _read_request(self, conn: socket.socket) -> tuple[bytes, bytes] | None:
-        raw = b""
-        while b"\r\n\r\n" not in raw:
-            chunk = conn.recv(65536)
-            if not chunk:
-                return None
-            raw += chunk
-        head, _, body = raw.partition(b"\r\n\r\n")
-        length = 0
-        for line in head.split(b"\r\n")[1:]:
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length":
-                length = int(value.strip())
-        while len(body) < length:
-            chunk = conn.recv(65536)
-            if not chunk:
-                return None
-            body += chunk
-        return head.split(b" ", 2)[1], body
-
-    def _serve(self, conn: socket.socket, serial: int) -> None:
-        with conn:
-            conn.settimeout(10)
-            answered_at: float | None = None
-            while not self.closing.is_set():
-                try:
-                    got = self._read_request(conn)
-                except OSError:
-                    return
-                if got is None:
-                    return
-                path, _body = got
-                if path == b"/api/tags":
-                    self._send(conn, {"models": [{"name": MODEL, "model": MODEL}]})
-                    answered_at = time.monotonic()
-                    continue
-                if path != b"/api/chat":
-                    conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
-                    answered_at = time.monotonic()
-                    continue
-                with self.lock:
-                    self.chats_received += 1
-                    self.chat_connections.add(serial)
-                expired = answered_at is not None and time.monotonic() - answered_at >= KEEP_ALIVE_S
-                if self.refuse_fresh or expired:
-                    with self.lock:
-                        self.dropped_on_reuse += expired
-                    if self.mode == "partial" and expired:
-                        conn.sendall(b"HTTP/1.1 2")
-                    return  # closed unanswered (the with block closes the socket)
-                self._send(conn, {"model": MODEL, "message": {"role": "assistant", "content": "hi"},
-                                  "done": True, "done_reason": "stop"})
-                with self.lock:
-                    self.chats_answered += 1
+                return
+            if got is None:
+                return
+            path, _body = got
+            if path == b"/api/tags":
+                send_json(conn, {"models": [{"name": MODEL, "model": MODEL}]})
                 answered_at = time.monotonic()
-
-    @staticmethod
-    def _send(conn: socket.socket, obj: dict) -> None:
-        body = json.dumps(obj).encode()
-        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                     % (len(body), body))
-
-    def close(self) -> None:
-        self.closing.set()
-        self.thread.join(5)
-        self.sock.close()
+                continue
+            if path != b"/api/chat":
+                conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+                answered_at = time.monotonic()
+                continue
+            with self.lock:
+                self.chats_received += 1
+                self.chat_connections.add(serial)
+            expired = answered_at is not None and time.monotonic() - answered_at >= KEEP_ALIVE_S
+            if self.refuse_fresh or expired:
+                with self.lock:
+                    self.dropped_on_reuse += expired
+                if self.mode == "partial" and expired:
+                    conn.sendall(b"HTTP/1.1 2")
+                return  # closed unanswered (the with block closes the socket)
+            send_json(conn, {"model": MODEL, "message": {"role": "assistant", "content": "hi"},
+                              "done": True, "done_reason": "stop"})
+            with self.lock:
+                self.chats_answered += 1
+            answered_at = time.monotonic()
 
 
 def _chat(node: RunningNode) -> httpx.Response:

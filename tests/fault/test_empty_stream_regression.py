@@ -7,9 +7,7 @@ failed / truncated-upstream (StreamJudge.verdict, hubpool_core/proxy/output_chec
 
 from __future__ import annotations
 
-import json
 import socket
-import threading
 import time
 
 import httpx
@@ -17,52 +15,27 @@ import pytest
 
 from harness import fqdn, make_pool, pair
 from history import INDETERMINATE, History, run_op
+from raw_http import RawHttpServer, read_request, send_json
 
 MODEL = "llama3.2:3b"
 P = "/api/inference/pool"
 
 
-class HeadersThenDies:
+class HeadersThenDies(RawHttpServer):
     """A raw-socket Ollama: /api/tags lists the model; a chat gets 200 headers (chunked) and then
     the connection closes with no body and no terminator, as when the engine dies right there."""
 
     def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.sock.settimeout(0.2)
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.closing = threading.Event()
         self.chats = 0
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
+        super().__init__()
 
-    def _serve(self) -> None:
-        while not self.closing.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                continue
-            with conn:
-                conn.settimeout(5)
-                try:
-                    self._answer(conn)
-                except OSError:
-                    pass
-
-    def _answer(self, conn: socket.socket) -> None:
-        raw = b""
-        while b"\r\n\r\n" not in raw and len(raw) < 65536:
-            chunk = conn.recv(4096)
-            if not chunk:
-                return
-            raw += chunk
-        path = raw.split(b" ", 2)[1]
+    def handle(self, conn: socket.socket, serial: int) -> None:
+        got = read_request(conn)
+        if got is None:
+            return
+        path, _body = got
         if path == b"/api/tags":
-            body = json.dumps({"models": [{"name": MODEL, "model": MODEL}]}).encode()
-            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
-                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            send_json(conn, {"models": [{"name": MODEL, "model": MODEL}]}, close=True)
             return
         if path in (b"/api/chat", b"/v1/chat/completions"):
             self.chats += 1
@@ -71,11 +44,6 @@ class HeadersThenDies:
             time.sleep(0.2)  # the headers have left; then the engine is gone
             return
         conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-
-    def close(self) -> None:
-        self.closing.set()
-        self.thread.join(5)
-        self.sock.close()
 
 
 @pytest.mark.parametrize("route", ["/api/chat", "/v1/chat/completions"])
