@@ -12,9 +12,12 @@ import pytest
 from web.ui_helpers import ARGS, CHROMIUM, DESKTOP
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser_context() -> Iterator:
-    """A persistent Chromium context on a fresh, throw-away user-data-dir."""
+    """A persistent Chromium context on a fresh, throw-away user-data-dir.
+
+    Module-scoped, not session: Playwright's sync API keeps an asyncio loop running on the main
+    thread while it is open, so every later test that calls asyncio.run() would fail."""
     if not CHROMIUM.exists():
         pytest.skip(f"browser tests need Chromium at {CHROMIUM} (Debian: apt-get install chromium)")
     try:
