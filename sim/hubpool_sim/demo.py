@@ -386,6 +386,7 @@ def run_demo(port: int = 5002, wait: bool = True) -> int:
         return 1
     root = Path(tempfile.mkdtemp(prefix="hubpool-demo-"))
     handlers = {}
+    original_sigint = signal.getsignal(signal.SIGINT)
     for name in ("SIGTERM", "SIGHUP"):
         if hasattr(signal, name):
             handlers[name] = signal.signal(getattr(signal, name), _raise_stop)
@@ -406,7 +407,7 @@ def run_demo(port: int = 5002, wait: bool = True) -> int:
         finally:
             for name in handlers:  # a second Ctrl-C must not cut the cleanup short
                 signal.signal(getattr(signal, name), signal.SIG_IGN)
-            sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
             try:
                 if any(h.proc is not None for h in hubs):
                     say("stopping the three nodes and the simulated engines…")
@@ -414,13 +415,18 @@ def run_demo(port: int = 5002, wait: bool = True) -> int:
                 sims.close()
                 say(f"stopped. The data directories and node logs stay in {root}")
             finally:
-                signal.signal(signal.SIGINT, sigint)
+                signal.signal(signal.SIGINT, original_sigint)
                 for name, previous in handlers.items():
                     signal.signal(getattr(signal, name), previous)
     return code
 
 
 def _raise_stop(signum: int, frame: Any) -> None:
+    # Disarm first: a second stop signal (uv forwards the one it got; a process group receives
+    # one each) arriving before the cleanup ignores them would escape as a traceback.
+    for name in ("SIGTERM", "SIGHUP", "SIGINT"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
     raise Stop
 
 

@@ -140,3 +140,44 @@ def test_the_recorded_tailnet_names_each_node_and_its_two_peers():
     assert (me.connected, me.self_fqdn, me.suffix) == (True, HUB_B, TAILNET)
     peers = TailscaleDaemonDirectory._peers(status)
     assert sorted(p.node_fqdn for p in peers) == [f"hub-a.{TAILNET}", HUB_C]
+
+
+def test_two_stop_signals_in_a_row_still_stop_cleanly():
+    """`uv run` forwards the SIGTERM it gets to the demo, so a demo stopped through its process
+    group receives two: the second must not escape as a traceback or cut the cleanup short."""
+    cmd = [sys.executable, "-m", "hubpool_core.cli", "demo", "--port", str(free_port())]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    try:
+        for line in proc.stdout:  # the demo prints this once the pool is up and waiting
+            seen.append(line)
+            if "Ctrl-C stops it" in line:
+                break
+        else:
+            pytest.fail("the demo ended before it was up:\n" + "".join(seen))
+        pids = [int(m) for m in re.findall(r"pid (\d+)", "".join(seen))]
+        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGTERM)
+        out = "".join(seen) + proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out
+    assert "Traceback" not in out and "stopped. The data directories" in out, out
+    assert pids and not any(is_running(pid) for pid in pids), out
+
+
+def test_the_stop_handler_disarms_itself_before_the_cleanup_runs():
+    """The process test above cannot always land its second signal in the gap between the first
+    handler and the cleanup; this checks the handler closes that gap itself."""
+    from hubpool_sim.demo import Stop, _raise_stop
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+    try:
+        with pytest.raises(Stop):
+            _raise_stop(signal.SIGTERM, None)
+        assert all(signal.getsignal(s) is signal.SIG_IGN for s in saved)
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
