@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import insert, select, update
 
-from hubpool_core.store import ApiKey, Database
+from hubpool_core.store import ApiKey, Database, api_key_table
+from hubpool_core.store.models import from_row, values_of
 
 OPERATOR_KEY_FILE = "operator.key"
 SCOPES = ("operator", "inference", "qa:read")
@@ -86,12 +87,13 @@ class KeyStore:
         if self.is_operator_key(presented):
             return Principal("operator", None)
         digest = hash_key(presented)
-        with self.db.session() as s:
-            row = s.scalars(select(ApiKey).where(ApiKey.key_hash == digest)).first()
+        with self.db.engine.begin() as conn:
+            row = conn.execute(select(api_key_table.c.id, api_key_table.c.scope, api_key_table.c.revoked_at)
+                               .where(api_key_table.c.key_hash == digest)).first()
             if row is None or row.revoked_at is not None:
                 return None
-            row.last_used_at = datetime.now(timezone.utc)
-            s.commit()
+            conn.execute(update(api_key_table).where(api_key_table.c.id == row.id)
+                         .values(last_used_at=datetime.now(timezone.utc)))
             return Principal(row.scope, row.id)
 
     def create(self, name: str, scope: str) -> tuple[ApiKey, str]:
@@ -99,20 +101,21 @@ class KeyStore:
             raise ValueError(f"scope must be one of {', '.join(SCOPES)}")
         key = _PREFIX[scope] + secrets.token_urlsafe(32)
         row = ApiKey(name=name, scope=scope, key_hash=hash_key(key), prefix=key[:10])
-        with self.db.session() as s:
-            s.add(row)
-            s.commit()
+        with self.db.engine.begin() as conn:
+            conn.execute(insert(api_key_table).values(values_of(row)))
         return row, key
 
     def list(self) -> list[ApiKey]:
-        with self.db.session() as s:
-            return list(s.scalars(select(ApiKey).order_by(ApiKey.created_at)))
+        with self.db.engine.connect() as conn:
+            return [from_row(ApiKey, r) for r in
+                    conn.execute(select(api_key_table).order_by(api_key_table.c.created_at))]
 
     def revoke(self, ident: str) -> ApiKey | None:
         """Revoke by full id, unique id prefix or name; ``None`` when nothing matches."""
-        with self.db.session() as s:
+        with self.db.engine.begin() as conn:
+            live = conn.execute(select(api_key_table).where(api_key_table.c.revoked_at.is_(None)))
             rows = [
-                r for r in s.scalars(select(ApiKey).where(ApiKey.revoked_at.is_(None)))
+                r for r in (from_row(ApiKey, row) for row in live)
                 if r.id == ident or r.name == ident or (len(ident) >= 4 and r.id.startswith(ident))
             ]
             if len(rows) != 1:
@@ -120,7 +123,8 @@ class KeyStore:
                     raise LookupError(f"{ident!r} matches {len(rows)} keys; use the full id")
                 return None
             rows[0].revoked_at = datetime.now(timezone.utc)
-            s.commit()
+            conn.execute(update(api_key_table).where(api_key_table.c.id == rows[0].id)
+                         .values(revoked_at=rows[0].revoked_at))
             return rows[0]
 
 

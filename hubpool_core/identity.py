@@ -44,6 +44,7 @@ from pathlib import Path
 
 from nacl.secret import SecretBox
 from nacl.signing import SigningKey
+from sqlalchemy import Connection, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from hubpool_core.signing import (
@@ -52,7 +53,8 @@ from hubpool_core.signing import (
     signing_key_from_pkcs8,
     spki_from_verify_key,
 )
-from hubpool_core.store import Database, PoolIdentity
+from hubpool_core.store import Database, PoolIdentity, identity_table
+from hubpool_core.store.models import from_row, values_of
 
 log = logging.getLogger("hubpool.identity")
 
@@ -213,18 +215,18 @@ class IdentityStore:
         """
         with self._lock:
             secret = self._node_secret(create=True)
-            with self.db.session() as session:
-                row = session.get(PoolIdentity, "self")
+            with self.db.engine.begin() as conn:
+                row = _identity_row(conn)
                 if row is None:
                     raise LookupError("This node has no pool identity to rotate")
                 signing_key = SigningKey.generate()
-                row.public_key = spki_from_verify_key(signing_key.verify_key)
-                row.private_key_encrypted = seal_private_key(
-                    secret, row.node_uuid, pkcs8_from_signing_key(signing_key)
-                )
-                row.rotated_at = datetime.now(timezone.utc)
-                session.commit()
-                keypair = Keypair(row.node_uuid, row.public_key, signing_key)
+                public_key = spki_from_verify_key(signing_key.verify_key)
+                conn.execute(update(identity_table).where(identity_table.c.id == "self").values(
+                    public_key=public_key,
+                    private_key_encrypted=seal_private_key(secret, row.node_uuid, pkcs8_from_signing_key(signing_key)),
+                    rotated_at=datetime.now(timezone.utc),
+                ))
+                keypair = Keypair(row.node_uuid, public_key, signing_key)
             self._cached = keypair
             self._retry_at = None
             self.error = None
@@ -248,37 +250,36 @@ class IdentityStore:
     # ── internals ──
 
     def _load(self) -> Keypair:
-        with self.db.session() as session:
-            row = session.get(PoolIdentity, "self")
-            if row is not None:
-                return self._materialize(row)
+        with self.db.engine.connect() as conn:
+            row = _identity_row(conn)
+        if row is not None:
+            return self._materialize(row)
 
-            secret = self._node_secret(create=True)
-            node_uuid = str(uuid.uuid4())
-            signing_key = SigningKey.generate()
-            session.add(
-                PoolIdentity(
-                    id="self",
-                    node_uuid=node_uuid,
-                    public_key=spki_from_verify_key(signing_key.verify_key),
-                    private_key_encrypted=seal_private_key(secret, node_uuid, pkcs8_from_signing_key(signing_key)),
-                    algorithm="ed25519",
-                )
-            )
-            try:
-                session.commit()
-            except IntegrityError:  # another process minted first: use its row
-                session.rollback()
+        secret = self._node_secret(create=True)
+        node_uuid = str(uuid.uuid4())
+        signing_key = SigningKey.generate()
+        minted = PoolIdentity(
+            id="self",
+            node_uuid=node_uuid,
+            public_key=spki_from_verify_key(signing_key.verify_key),
+            private_key_encrypted=seal_private_key(secret, node_uuid, pkcs8_from_signing_key(signing_key)),
+            algorithm="ed25519",
+        )
+        try:
+            with self.db.engine.begin() as conn:
+                conn.execute(insert(identity_table).values(values_of(minted)))
+        except IntegrityError:  # another process minted first: use its row
+            pass
 
         # Re-read rather than trust the insert: under a race the row that survived may be the
         # other process's, and this node must use whichever key actually landed.
-        with self.db.session() as session:
-            row = session.get(PoolIdentity, "self")
-            if row is None:
-                raise RuntimeError("pool identity row disappeared immediately after insert")
-            if row.node_uuid == node_uuid:
-                log.info("minted this node's pool identity (%s)", node_uuid)
-            return self._materialize(row)
+        with self.db.engine.connect() as conn:
+            row = _identity_row(conn)
+        if row is None:
+            raise RuntimeError("pool identity row disappeared immediately after insert")
+        if row.node_uuid == node_uuid:
+            log.info("minted this node's pool identity (%s)", node_uuid)
+        return self._materialize(row)
 
     def _materialize(self, row: PoolIdentity) -> Keypair:
         try:
@@ -349,3 +350,8 @@ class IdentityStore:
         if len(data) != _NODE_SECRET_BYTES:
             raise ValueError(f"node secret {self.secret_path} is {len(data)} bytes, expected {_NODE_SECRET_BYTES}")
         return data
+
+
+def _identity_row(conn: Connection) -> PoolIdentity | None:
+    row = conn.execute(select(identity_table).where(identity_table.c.id == "self")).first()
+    return from_row(PoolIdentity, row) if row is not None else None

@@ -16,10 +16,11 @@ from datetime import datetime, timezone
 from typing import Any
 
 from nacl.secret import SecretBox
-from sqlalchemy import func, select
+from sqlalchemy import Connection, delete, func, insert, select, update
 
 from hubpool_core.signing import public_key_fingerprint
-from hubpool_core.store import Database, PoolPeer
+from hubpool_core.store import Database, PoolPeer, peer_table
+from hubpool_core.store.models import from_row, values_of
 
 PENDING_REQUEST_TTL_S = 24 * 3600
 MAX_PENDING_INBOUND_REQUESTS = 20
@@ -117,8 +118,8 @@ class PeerRepo:
         cached = self._all
         if cached is None:
             generation = self._generation
-            with self.db.session() as s:
-                cached = list(s.scalars(select(PoolPeer).order_by(PoolPeer.node_fqdn)))
+            with self.db.engine.connect() as conn:
+                cached = [from_row(PoolPeer, r) for r in conn.execute(_SELECT.order_by(peer_table.c.node_fqdn))]
             if generation == self._generation:
                 self._all = cached
         return list(cached)
@@ -134,12 +135,12 @@ class PeerRepo:
             self._all = None
 
     def by_id(self, peer_id: str) -> PoolPeer | None:
-        with self.db.session() as s:
-            return s.get(PoolPeer, peer_id)
+        with self.db.engine.connect() as conn:
+            return _one(conn, peer_table.c.id == peer_id)
 
     def by_fqdn(self, fqdn: str) -> PoolPeer | None:
-        with self.db.session() as s:
-            return s.scalars(select(PoolPeer).where(PoolPeer.node_fqdn == fqdn)).first()
+        with self.db.engine.connect() as conn:
+            return _one(conn, peer_table.c.node_fqdn == fqdn)
 
     def by_node_uuid(self, node_uuid: str) -> PoolPeer | None:
         # from the cached rows: the peer guard asks on every signed forward (a third of a
@@ -164,52 +165,55 @@ class PeerRepo:
         return matches[0]
 
     def pending_inbound_count(self) -> int:
-        with self.db.session() as s:
-            return s.scalar(select(func.count()).select_from(PoolPeer).where(
-                PoolPeer.direction == "inbound", PoolPeer.status == "pending")) or 0
+        with self.db.engine.connect() as conn:
+            return conn.scalar(select(func.count()).select_from(peer_table).where(
+                peer_table.c.direction == "inbound", peer_table.c.status == "pending")) or 0
 
     def add(self, row: PoolPeer) -> PoolPeer:
-        with self._writing(), self.db.session() as s:
-            s.add(row)
-            s.commit()
-            s.refresh(row)
-            return row
+        """Insert ``row``; returns it refreshed from the database (as stored, e.g. naive times on SQLite)."""
+        with self._writing(), self.db.engine.begin() as conn:
+            conn.execute(insert(peer_table).values(values_of(row)))
+            stored = _one(conn, peer_table.c.id == row.id)
+        for name in PoolPeer.__slots__:
+            setattr(row, name, getattr(stored, name))
+        return row
 
     def update(self, peer_id: str, **changes: Any) -> PoolPeer | None:
-        with self._writing(), self.db.session() as s:
-            row = s.get(PoolPeer, peer_id)
-            if row is None:
+        """Set columns of one row and stamp ``updated_at``; the refreshed row, or None when absent."""
+        unknown = changes.keys() - _COLUMNS
+        if unknown:
+            raise TypeError(f"not a hub_pool_peer column: {', '.join(sorted(unknown))}")
+        with self._writing(), self.db.engine.begin() as conn:
+            done = conn.execute(update(peer_table).where(peer_table.c.id == peer_id)
+                                .values({**changes, "updated_at": utcnow()}))
+            if done.rowcount == 0:
                 return None
-            for key, value in changes.items():
-                setattr(row, key, value)
-            row.updated_at = utcnow()
-            s.commit()
-            s.refresh(row)
-            return row
+            return _one(conn, peer_table.c.id == peer_id)
 
     def delete(self, peer_id: str) -> bool:
-        with self._writing(), self.db.session() as s:
-            row = s.get(PoolPeer, peer_id)
-            if row is None:
-                return False
-            s.delete(row)
-            s.commit()
-            return True
+        with self._writing(), self.db.engine.begin() as conn:
+            return conn.execute(delete(peer_table).where(peer_table.c.id == peer_id)).rowcount > 0
 
     def delete_all(self) -> None:
-        with self._writing(), self.db.session() as s:
-            for row in s.scalars(select(PoolPeer)):
-                s.delete(row)
-            s.commit()
+        with self._writing(), self.db.engine.begin() as conn:
+            conn.execute(delete(peer_table))
 
     def expire_pending(self, now: datetime | None = None) -> list[str]:
         """Drop pending rows, in both directions, older than 24 hours; returns their names."""
         now = now or utcnow()
-        gone = []
-        with self._writing(), self.db.session() as s:
-            for row in s.scalars(select(PoolPeer).where(PoolPeer.status == "pending")):
-                if (now - aware(row.created_at)).total_seconds() >= PENDING_REQUEST_TTL_S:
-                    gone.append(row.node_fqdn)
-                    s.delete(row)
-            s.commit()
-        return gone
+        with self._writing(), self.db.engine.begin() as conn:
+            pending = conn.execute(select(peer_table.c.id, peer_table.c.node_fqdn, peer_table.c.created_at)
+                                   .where(peer_table.c.status == "pending")).all()
+            old = [r for r in pending if (now - aware(r.created_at)).total_seconds() >= PENDING_REQUEST_TTL_S]
+            if old:
+                conn.execute(delete(peer_table).where(peer_table.c.id.in_([r.id for r in old])))
+        return [r.node_fqdn for r in old]
+
+
+_SELECT = select(peer_table)
+_COLUMNS = frozenset(PoolPeer.__slots__)
+
+
+def _one(conn: Connection, where: Any) -> PoolPeer | None:
+    row = conn.execute(_SELECT.where(where)).first()
+    return from_row(PoolPeer, row) if row is not None else None

@@ -25,7 +25,7 @@ from hubpool_core.signing import (
     verify_headers,
     verify_key_from_spki,
 )
-from hubpool_core.store import Database, PoolIdentity
+from hubpool_core.store import Database, PoolIdentity, identity_table
 
 UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
 
@@ -47,8 +47,9 @@ def db(tmp_path):
 
 
 def row(db: Database) -> PoolIdentity | None:
-    with db.session() as session:
-        return session.scalars(select(PoolIdentity)).one_or_none()
+    with db.engine.connect() as conn:
+        found = conn.execute(select(identity_table)).one_or_none()
+    return PoolIdentity(**found._mapping) if found is not None else None
 
 
 def test_nothing_is_minted_until_first_use(db, tmp_path):

@@ -9,10 +9,11 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from sqlalchemy import update
 
 from harness import fqdn, make_pool
 from hubpool_core.peers import utcnow
-from hubpool_core.store import PoolIdentity
+from hubpool_core.store import identity_table
 
 P = "/api/inference/pool"
 
@@ -97,9 +98,10 @@ def test_a_signed_peer_seen_under_a_new_name_is_renamed_by_the_tick(pair, tmp_pa
 def test_a_peer_whose_identity_changed_is_named_and_leaves_routing_at_once(pair):
     a, b = pair["hub-a"], pair["hub-b"]
     b.run(b.node.health.poll_once())  # B signs to A, so A's grace ends and A signs too
-    with b.node.db.session() as s:  # B's database recreated: a new UUID under the same name
-        s.get(PoolIdentity, "self").node_uuid = str(uuid.uuid4())
-        s.commit()
+    with b.node.db.engine.begin() as conn:  # B's database recreated: a new UUID under the same name
+        changed = conn.execute(update(identity_table).where(identity_table.c.id == "self")
+                               .values(node_uuid=str(uuid.uuid4())))
+        assert changed.rowcount == 1
     b.node.identity._cached = None
     a.run(a.node.health.poll_once())
     peer = op(a, "GET", "/status")["peers"][0]

@@ -1,6 +1,15 @@
 """Durable state: identity, peers and API keys, in SQLite by default or any SQLAlchemy URL."""
 
 from hubpool_core.store.db import Database
-from hubpool_core.store.models import ApiKey, Base, PoolIdentity, PoolPeer
+from hubpool_core.store.models import (
+    ApiKey,
+    PoolIdentity,
+    PoolPeer,
+    api_key_table,
+    identity_table,
+    metadata,
+    peer_table,
+)
 
-__all__ = ["ApiKey", "Base", "Database", "PoolIdentity", "PoolPeer"]
+__all__ = ["ApiKey", "Database", "PoolIdentity", "PoolPeer", "api_key_table", "identity_table", "metadata",
+           "peer_table"]

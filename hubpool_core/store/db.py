@@ -1,4 +1,4 @@
-"""Engine, sessions and migrations. SQLite runs in WAL mode so readers never block the writer."""
+"""Engine and migrations. SQLite runs in WAL mode so readers never block the writer."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine as SqlEngine
-from sqlalchemy.orm import Session, sessionmaker
 
 log = logging.getLogger("hubpool.store")
 
@@ -19,6 +18,8 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 
 
 class Database:
+    """One database: its engine (repos run Core statements on ``engine.begin()`` / ``connect()``)."""
+
     def __init__(self, url: str):
         self.url = url
         kwargs = {}
@@ -27,7 +28,6 @@ class Database:
         self.engine: SqlEngine = create_engine(url, future=True, **kwargs)
         if url.startswith("sqlite"):
             event.listen(self.engine, "connect", _sqlite_pragmas)
-        self.sessions = sessionmaker(self.engine, expire_on_commit=False, class_=Session)
 
     def migrate(self) -> None:
         """Bring the schema to the newest revision (alembic upgrade head).
@@ -52,9 +52,6 @@ class Database:
         except Exception:  # noqa: BLE001 - no table yet (or unreadable): the migration decides
             return None
         return rows[0][0] if len(rows) == 1 else None
-
-    def session(self) -> Session:
-        return self.sessions()
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -1,93 +1,168 @@
-"""SQLAlchemy tables. Names and columns follow the spec's hub_pool_identity and hub_pool_peer."""
+"""SQLAlchemy Core tables and the plain row objects read from them.
+
+Names and columns follow the spec's hub_pool_identity and hub_pool_peer. The node only reads
+and writes whole rows of three tables, so there is no ORM: importing ``sqlalchemy.orm`` costs
+about 6 MB resident in every `hubpool serve` process (docs/performance.md G7). The repos
+(peers, credentials, identity) run Core statements on these tables and turn rows into the
+dataclasses below, whose fields are exactly the tables' columns.
+"""
 
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import Any, TypeVar
 
 from sqlalchemy import (
     JSON,
     Boolean,
     CheckConstraint,
+    Column,
     DateTime,
     Index,
     Integer,
+    MetaData,
     String,
+    Table,
     Text,
     text,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
-class Base(DeclarativeBase):
-    pass
+def new_id() -> str:
+    return str(uuid.uuid4())
 
 
-class PoolIdentity(Base):
+#: the schema the alembic migrations (store/migrations/versions) build; env.py compares against it
+metadata = MetaData()
+
+identity_table = Table(
+    "hub_pool_identity",
+    metadata,
+    Column("id", String, primary_key=True, default="self"),
+    Column("node_uuid", String(36), nullable=False, unique=True),
+    Column("public_key", Text, nullable=False),
+    Column("private_key_encrypted", Text, nullable=False),
+    Column("algorithm", String, nullable=False, default="ed25519"),
+    Column("created_at", DateTime(timezone=True), default=utcnow),
+    Column("rotated_at", DateTime(timezone=True), nullable=True),
+    CheckConstraint("id = 'self'", name="hub_pool_identity_singleton"),
+)
+
+peer_table = Table(
+    "hub_pool_peer",
+    metadata,
+    Column("id", String(36), primary_key=True, default=new_id),
+    Column("tailscale_device_id", String, nullable=True),
+    Column("node_fqdn", String, nullable=False, unique=True),
+    Column("display_name", String, nullable=True),
+    Column("direction", String, nullable=False),  # outbound | inbound
+    Column("status", String, nullable=False, default="pending"),
+    Column("enabled", Boolean, nullable=False, default=True),
+    Column("consecutive_failures", Integer, nullable=False, default=0),
+    Column("last_seen_at", DateTime(timezone=True), nullable=True),
+    Column("last_capabilities", JSON, nullable=True),
+    Column("verify_token_hash", String, nullable=True),
+    Column("present_token_encrypted", Text, nullable=True),
+    Column("peer_node_uuid", Text, nullable=True),
+    Column("peer_public_key", Text, nullable=True),
+    Column("bearer_grace_until", DateTime(timezone=True), nullable=True),
+    Column("signed_seen_at", DateTime(timezone=True), nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False, default=utcnow),
+    # Core applies onupdate to every UPDATE statement that does not set the column itself
+    Column("updated_at", DateTime(timezone=True), nullable=False, default=utcnow, onupdate=utcnow),
+    Index(
+        "hub_pool_peer_node_uuid_uidx",
+        "peer_node_uuid",
+        unique=True,
+        sqlite_where=text("peer_node_uuid IS NOT NULL"),
+        postgresql_where=text("peer_node_uuid IS NOT NULL"),
+    ),
+)
+
+api_key_table = Table(
+    "hub_pool_api_key",
+    metadata,
+    Column("id", String(36), primary_key=True, default=new_id),
+    Column("name", String(100), nullable=False),
+    Column("scope", String(20), nullable=False),  # operator | inference | qa:read
+    Column("key_hash", String(64), nullable=False, unique=True),
+    Column("prefix", String(16), nullable=False),  # shown in listings
+    Column("created_at", DateTime(timezone=True), nullable=False, default=utcnow),
+    Column("last_used_at", DateTime(timezone=True), nullable=True),
+    Column("revoked_at", DateTime(timezone=True), nullable=True),
+)
+
+
+# The row classes: keyword-only, with the defaults the columns have. eq=False keeps identity
+# comparison and hashing (rows go into sets and dict keys); repr=False keeps sealed tokens and
+# keys out of any log line that prints a row.
+
+
+@dataclass(slots=True, kw_only=True, eq=False, repr=False)
+class PoolIdentity:
     """This node's pool identity: a singleton row (id = 'self')."""
 
-    __tablename__ = "hub_pool_identity"
-    __table_args__ = (CheckConstraint("id = 'self'", name="hub_pool_identity_singleton"),)
-
-    id: Mapped[str] = mapped_column(String, primary_key=True, default="self")
-    node_uuid: Mapped[str] = mapped_column(String(36), nullable=False, unique=True)
-    public_key: Mapped[str] = mapped_column(Text, nullable=False)
-    private_key_encrypted: Mapped[str] = mapped_column(Text, nullable=False)
-    algorithm: Mapped[str] = mapped_column(String, nullable=False, default="ed25519")
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    rotated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    id: str = "self"
+    node_uuid: str
+    public_key: str
+    private_key_encrypted: str
+    algorithm: str = "ed25519"
+    created_at: datetime | None = field(default_factory=utcnow)
+    rotated_at: datetime | None = None
 
 
-class PoolPeer(Base):
+@dataclass(slots=True, kw_only=True, eq=False, repr=False)
+class PoolPeer:
     """One paired or pairing peer, keyed by its canonical tailnet name."""
 
-    __tablename__ = "hub_pool_peer"
-    __table_args__ = (
-        Index(
-            "hub_pool_peer_node_uuid_uidx",
-            "peer_node_uuid",
-            unique=True,
-            sqlite_where=text("peer_node_uuid IS NOT NULL"),
-            postgresql_where=text("peer_node_uuid IS NOT NULL"),
-        ),
-    )
-
-    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=lambda: str(uuid.uuid4()))
-    tailscale_device_id: Mapped[str | None] = mapped_column(String, nullable=True)
-    node_fqdn: Mapped[str] = mapped_column(String, nullable=False, unique=True)
-    display_name: Mapped[str | None] = mapped_column(String, nullable=True)
-    direction: Mapped[str] = mapped_column(String, nullable=False)  # outbound | inbound
-    status: Mapped[str] = mapped_column(String, nullable=False, default="pending")
-    enabled: Mapped[bool] = mapped_column(Boolean, nullable=False, default=True)
-    consecutive_failures: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
-    last_seen_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
-    last_capabilities: Mapped[dict | None] = mapped_column(JSON, nullable=True)
-    verify_token_hash: Mapped[str | None] = mapped_column(String, nullable=True)
-    present_token_encrypted: Mapped[str | None] = mapped_column(Text, nullable=True)
-    peer_node_uuid: Mapped[str | None] = mapped_column(Text, nullable=True)
-    peer_public_key: Mapped[str | None] = mapped_column(Text, nullable=True)
-    bearer_grace_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
-    signed_seen_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False, default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), nullable=False, default=utcnow, onupdate=utcnow
-    )
+    id: str = field(default_factory=new_id)
+    tailscale_device_id: str | None = None
+    node_fqdn: str
+    display_name: str | None = None
+    direction: str  # outbound | inbound
+    status: str = "pending"
+    enabled: bool = True
+    consecutive_failures: int = 0
+    last_seen_at: datetime | None = None
+    last_capabilities: dict | None = None
+    verify_token_hash: str | None = None
+    present_token_encrypted: str | None = None
+    peer_node_uuid: str | None = None
+    peer_public_key: str | None = None
+    bearer_grace_until: datetime | None = None
+    signed_seen_at: datetime | None = None
+    created_at: datetime = field(default_factory=utcnow)
+    updated_at: datetime = field(default_factory=utcnow)
 
 
-class ApiKey(Base):
+@dataclass(slots=True, kw_only=True, eq=False, repr=False)
+class ApiKey:
     """An API key. Only a SHA-256 of the key is stored; the key is shown once at creation."""
 
-    __tablename__ = "hub_pool_api_key"
+    id: str = field(default_factory=new_id)
+    name: str
+    scope: str  # operator | inference | qa:read
+    key_hash: str
+    prefix: str  # shown in listings
+    created_at: datetime = field(default_factory=utcnow)
+    last_used_at: datetime | None = None
+    revoked_at: datetime | None = None
 
-    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=lambda: str(uuid.uuid4()))
-    name: Mapped[str] = mapped_column(String(100), nullable=False)
-    scope: Mapped[str] = mapped_column(String(20), nullable=False)  # operator | inference | qa:read
-    key_hash: Mapped[str] = mapped_column(String(64), nullable=False, unique=True)
-    prefix: Mapped[str] = mapped_column(String(16), nullable=False)  # shown in listings
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False, default=utcnow)
-    last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
-    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+Row = TypeVar("Row", PoolIdentity, PoolPeer, ApiKey)
+
+
+def from_row(cls: type[Row], row: Any) -> Row:
+    """A row object from a result row of its table (every column selected)."""
+    return cls(**row._mapping)
+
+
+def values_of(obj: PoolIdentity | PoolPeer | ApiKey) -> dict[str, Any]:
+    """Every column of a row object, for an INSERT."""
+    return {name: getattr(obj, name) for name in obj.__slots__}
