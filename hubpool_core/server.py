@@ -102,6 +102,8 @@ def make_config(env: EnvSettings, node: Node | None = None, log_level: str = "in
         log_level=log_level.lower(), access_log=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         timeout_keep_alive=KEEP_ALIVE_S,
         lifespan="on",
+        # no WebSocket route exists; "auto" would import a websockets implementation (G7)
+        ws="none",
         # The guards read forwarded headers themselves (and trust them only under
         # HUB_TRUST_PROXY); uvicorn must not rewrite the client address or scheme first.
         proxy_headers=False,

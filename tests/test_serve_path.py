@@ -73,6 +73,37 @@ def test_a_current_schema_is_not_migrated_with_alembic_and_a_behind_one_is_migra
     assert migrate_apart("sqlite://") is False  # in memory: only the process itself can migrate it
 
 
+#: modules a serving node never needs, each MBs resident (G7, docs/performance.md step 10)
+NEVER_IN_A_NODE = ("sqlalchemy.orm", "jinja2", "websockets", "hubpool_sim.server", "aiohttp.web", "alembic",
+                   "typer", "rich")
+
+
+def test_a_served_node_never_loads_the_sqlalchemy_orm_or_other_unneeded_frameworks(tmp_path):
+    """The store is Core only: the ORM would cost about 6 MB resident per node (G7). Nor do the
+    web UI's templates (loaded on the first page), uvicorn's WebSocket implementations (no
+    WebSocket route), the simulator's server (its plugin only adds `hubpool demo`), alembic
+    (a child runs it) or the CLI's typer and rich become resident."""
+    env = {v: closed_port_url() for v in ENGINE_VARS}
+    env.update({"HUB_POOL_DATA_DIR": str(tmp_path / "node"), "HUB_POOL_LISTEN": "127.0.0.1:9",
+                "HUB_POOL_TAILSCALE_CLI": "/nonexistent/tailscale"})
+    # as run_node builds it, then a pass over every table the node reads and writes
+    out = _fresh_python(
+        "import os, sys\n"
+        "from hubpool_core.config import EnvSettings\n"
+        "from hubpool_core.node import Node\n"
+        "from hubpool_core.server import make_config\n"
+        "from hubpool_core.store.db import migrate_apart\n"
+        "env = EnvSettings.from_environ(os.environ)\n"
+        "env.data_dir.mkdir(parents=True, exist_ok=True)\n"
+        "assert migrate_apart(env.resolved_database_url())\n"
+        "node = Node(env)\n"
+        "make_config(env, node, 'warning').load()\n"
+        "assert node.identity.get() is not None\n"
+        "node.peers.all(); node.peers.expire_pending(); node.keys.list(); node.keys.resolve('hpi_nope')\n"
+        f"print('sqlalchemy' in sys.modules, [m for m in {NEVER_IN_A_NODE!r} if m in sys.modules])", env)
+    assert out == "True []"
+
+
 @pytest.fixture
 def served(tmp_path):
     """A node under make_config (the protocol `hubpool serve` runs) in front of the bench stub."""
