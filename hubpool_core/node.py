@@ -14,6 +14,7 @@ from hubpool_core.config import EnvSettings, SettingsStore, env_int
 from hubpool_core.credentials import KeyStore
 from hubpool_core.directions import Directions, resolve_directions
 from hubpool_core.handout import effective_ceiling
+from hubpool_core.heap_trim import HeapTrimmer
 from hubpool_core.health import HealthPoller
 from hubpool_core.identity import IdentityStore, node_secret_path
 from hubpool_core.local_engines import LocalEngines, build_engines
@@ -102,6 +103,7 @@ class Node:
         self.health = HealthPoller(self)
         self.pressure = PressureSampler(self, _instances(self.plugins.pressure_sources, env, "pressure source"))
         self.containers = ContainerSampler(self.plugins.container_stats)
+        self.heap = HeapTrimmer(lambda: self.routing_log.total_recorded)
 
     def housekeeping(self) -> None:
         """What rides every health tick besides the probes (sync: it only touches the store)."""
@@ -187,11 +189,13 @@ class Node:
         self.health.start()
         self.pressure.start()
         self.containers.start()
+        self.heap.start()
 
     async def stop(self) -> None:
         await self.health.stop()
         await self.pressure.stop()
         await self.containers.stop()
+        await self.heap.stop()
         await self.peer_client.close()
         if self._session is not None:
             await self._session.close()
