@@ -21,7 +21,7 @@ import shlex
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,9 @@ class _Reading:
 
     status: dict[str, Any] | None
     error: str | None
+    #: the TailnetStatus parsed from ``status``, made on first ask: every signed peer forward
+    #: asks for this node's name, and a parse per forward showed in its profile
+    parsed: list[TailnetStatus] = field(default_factory=list, compare=False, repr=False)
 
 
 def normalise_fqdn(name: str) -> str:
@@ -122,6 +125,11 @@ class TailscaleDaemonDirectory(Directory):
         return str(value).strip() if value else DEFAULT_CLI
 
     def configured(self) -> bool:
+        # a good answer still in the cache proves the command was there; looking again costs a
+        # stat (a PATH search for a binary) on every signed peer forward
+        fresh = self._fresh()
+        if fresh is not None and fresh.status is not None:
+            return True
         return _resolvable(_invocation(self.cli))
 
     # -- the Directory contract ----------------------------------------------------
@@ -143,7 +151,9 @@ class TailscaleDaemonDirectory(Directory):
             reading = await self._read()
             if reading.status is None:
                 return TailnetStatus(connected=False, error=reading.error)
-            return self._status(reading.status)
+            if not reading.parsed:
+                reading.parsed.append(self._status(reading.status))
+            return reading.parsed[0]
         except Exception as exc:
             log.debug("tailscale_daemon: could not read tailnet status: %s", exc)
             return TailnetStatus(connected=False, error=f"tailscale status could not be read ({exc})")

@@ -178,6 +178,33 @@ def test_status_is_cached_for_30_seconds(tmp_path):
     assert len(calls_of(log)) == 3
 
 
+def test_a_fresh_answer_is_asked_again_without_touching_the_file_system(tmp_path, monkeypatch):
+    """Every signed peer forward asks for this node's name: within the cache window neither
+    configured() (a stat, or a PATH search) nor the status parse runs again."""
+    from hubpool_tailscale_daemon import directory as module
+
+    status_file = tmp_path / "status.json"
+    status_file.write_text(FIXTURE.read_text())
+    clock = FakeClock()
+    d = TailscaleDaemonDirectory(env(str(status_file)), clock=clock)
+    first = asyncio.run(d.tailnet_status())
+    assert first == EXPECTED_STATUS
+
+    def no_stat(_inv):
+        raise AssertionError("configured() looked at the file system again within the cache window")
+
+    monkeypatch.setattr(module, "_resolvable", no_stat)
+    clock.now += 29.9
+    assert d.configured()
+    assert asyncio.run(d.tailnet_status()) is first  # parsed once per reading
+    monkeypatch.undo()
+
+    status_file.unlink()  # the cache ran out: the file's absence is seen
+    clock.now += 0.2
+    assert not d.configured()
+    assert asyncio.run(d.tailnet_status()) == TailnetStatus(connected=False, error=MISSING_SENTENCE)
+
+
 def test_concurrent_callers_share_one_spawn(tmp_path):
     cli, log = printing_fixture(tmp_path)
     d = TailscaleDaemonDirectory(env(cli))
