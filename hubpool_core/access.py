@@ -7,6 +7,7 @@ hop that is not private — and anyone else by an inference API key.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 
@@ -33,7 +34,10 @@ def parse_ip(value: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address
     return addr
 
 
+@functools.lru_cache(maxsize=1024)
 def is_inside(value: str | None, *, tailnet_inside: bool) -> bool:
+    """Whether an address is on this side of the guard. A pure function of its arguments,
+    asked on every inference request: cached (parsing an address is most of its cost)."""
     addr = parse_ip(value)
     if addr is None:
         return False

@@ -9,10 +9,13 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.utils import floatToGoString
 
 from harness import fqdn, make_pool, pair
-from hubpool_core.metrics import REASON_KINDS, NodeMetrics, reason_kind
+from hubpool_core.metrics import BUCKETS, REASON_KINDS, NodeMetrics, reason_kind
 from hubpool_core.quarantine import Quarantine
 from hubpool_core.routing_log import RoutingLog
 from hubpool_sim import SimConfig, SimModel, run_in_thread
@@ -273,3 +276,17 @@ def test_the_route_label_set_is_the_routed_set():
     from hubpool_core.metrics import ROUTES
 
     assert ROUTES == set(ROUTED)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.floats(min_value=0, max_value=1000, allow_nan=False),
+                          st.sampled_from(list(BUCKETS))), max_size=50))
+def test_histogram_buckets_are_cumulative_counts_of_values_at_or_below_each_bound(values):
+    from hubpool_core.metrics import _Histogram
+
+    h = _Histogram()
+    for v in values:
+        h.observe(v)
+    expected = [(floatToGoString(b), float(sum(1 for v in values if v <= b))) for b in BUCKETS]
+    assert h.buckets() == expected + [("+Inf", float(len(values)))]
+    assert h.sum == sum(values)
