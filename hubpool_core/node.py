@@ -34,6 +34,7 @@ from hubpool_core.routing_log import DEFAULT_CAPACITY, MAX_CAPACITY, RoutingLog,
 from hubpool_core.signing import NonceCache
 from hubpool_core.store import Database
 from hubpool_core.tailnet import Tailnet, peer_url_overrides
+from hubpool_core import tracing
 
 #: a development switch so several nodes can pair by address on one machine; off by default
 ALLOW_LOOPBACK_PEERS_VAR = "HUB_POOL_DEV_ALLOW_LOOPBACK_PEERS"
@@ -104,6 +105,8 @@ class Node:
         self.pressure = PressureSampler(self, _instances(self.plugins.pressure_sources, env, "pressure source"))
         self.containers = ContainerSampler(self.plugins.container_stats)
         self.heap = HeapTrimmer(lambda: self.routing_log.total_recorded)
+        #: OpenTelemetry traces (hubpool_core/tracing.py): None unless OTEL_TRACES_EXPORTER asks
+        self.tracer: tracing.NodeTracer | None = None
 
     def housekeeping(self) -> None:
         """What rides every health tick besides the probes (sync: it only touches the store)."""
@@ -190,6 +193,7 @@ class Node:
         self.pressure.start()
         self.containers.start()
         self.heap.start()
+        self.tracer = await tracing.for_node(self)
 
     async def stop(self) -> None:
         await self.health.stop()
@@ -200,4 +204,6 @@ class Node:
         if self._session is not None:
             await self._session.close()
         await self.local.close()
+        if self.tracer is not None:  # flushes the spans still batched
+            await self.tracer.shutdown()
         self.db.dispose()

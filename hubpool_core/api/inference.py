@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from datetime import datetime
 from typing import Any
 
@@ -111,6 +112,8 @@ async def routed(request: Request) -> Response:
         return refused
     route = request.scope["route_key"]
     dialect, route_class = ROUTED[route]
+    tracer = node.tracer
+    began = time.time_ns() if tracer is not None else 0  # a traced request's span covers its placement
     try:
         raw, body = await read_json_object(request, node.env.max_body_bytes)
     except BadRequest as exc:
@@ -156,6 +159,7 @@ async def routed(request: Request) -> Response:
         direction="outbound", path=route, model=model, candidates=len(ordered),
         stream=stream, bodyBytes=len(raw), budgetMs=budget, **sections,
     )
+    span = None if tracer is None else tracer.start_route(route, row, model, len(ordered), began)
     pin_note = _pin_note(pin) if pin is not None else None
     if not ordered:
         message = f'No pool node currently has model "{model}" available.'
@@ -172,12 +176,15 @@ async def routed(request: Request) -> Response:
             except Exception:  # noqa: BLE001 - an observer must not break the answer
                 pass
         body_502 = {"error": message, "localBackends": await node.local.describe_for_502(backends, model)}
+        if span is not None:
+            tracer.end_request(span, row, 502)
         return JSONResponse(body_502, status_code=502,
                             headers={"X-Hub-Pool-Request-Id": row["id"], **ctx.response_headers})
     extra = {"X-Hub-Pool-Session": ctx.session_header} if ctx.session_header else {}
     plan = RelayPlan(route=route, dialect=dialect, body=body, raw=raw, model=model, stream=stream,
                      candidates=ordered, row=row, budget_ms=budget, pin_note=pin_note, extra_headers=extra,
-                     num_ctx=ctx.num_ctx, context=ctx, observers=list(node.stages), estimated_tokens=estimated)
+                     num_ctx=ctx.num_ctx, context=ctx, observers=list(node.stages), estimated_tokens=estimated,
+                     span=span)
     return RelayResponse(node, plan)
 
 

@@ -9,6 +9,7 @@ sender tells them apart. Every refusal is an inbound routing-log row too.
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -62,6 +63,8 @@ async def forward(request: Request) -> Response:
     peer, refused = _admitted(node, request, route)
     if refused is not None:
         return refused
+    tracer = node.tracer
+    began = time.time_ns() if tracer is not None else 0
     kind = request.headers.get("x-hub-pool-backend")
     engines = [e for e in node.local.engines if e.kind == kind]
     if not engines:
@@ -82,17 +85,21 @@ async def forward(request: Request) -> Response:
     row = node.routing_log.open(direction="inbound", path=route, model=model,
                                 request_id=rid if rid and REQUEST_ID.fullmatch(rid) else None,
                                 candidates=len(chosen), stream=stream, bodyBytes=len(raw), budgetMs=budget)
+    # only now, admitted by the peer guard, is the sender's trace context read
+    span = None if tracer is None else tracer.start_forward(request.headers, route, row, model, peer.node_fqdn, began)
     if not chosen:
         node.routing_log.touch(row, node=peer.node_fqdn, outcome="failed", status=502, durationMs=0, totalMs=0,
                                reason=f"No local backend able to serve {route}")
         node.plugins.broadcast_request_finished(row)
+        if span is not None:
+            tracer.end_request(span, row, 502)
         return JSONResponse({"error": f"No local backend able to serve {route}"}, status_code=502)
     candidates = [Candidate("local", b.engine.kind, local=b) for b in chosen[:1]]
     from hubpool_core.placement import request_num_ctx
 
     plan = RelayPlan(route=route, dialect=dialect, body=body, raw=raw, model=model, stream=stream,
                      candidates=candidates, row=row, budget_ms=budget, inbound_from=peer.node_fqdn,
-                     num_ctx=request_num_ctx(route, body), estimated_tokens=-(-len(raw) // 4))
+                     num_ctx=request_num_ctx(route, body), estimated_tokens=-(-len(raw) // 4), span=span)
     return RelayResponse(node, plan)
 
 

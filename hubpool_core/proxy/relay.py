@@ -149,6 +149,8 @@ class RelayPlan:
     context: Any = None
     observers: list[Any] = field(default_factory=list)
     row_fault: str | None = None
+    #: the request's trace span when the node traces (hubpool_core/tracing.py), else None
+    span: Any = None
 
     def context_headers(self) -> dict[str, str]:
         return dict(getattr(self.context, "response_headers", None) or {})
@@ -211,6 +213,9 @@ class RelayResponse(Response):
     """ASGI response that performs the walk for one planned request. It subclasses
     Response only so the framework hands it the raw send/receive; it builds no body."""
 
+    #: the current attempt's trace span (set only when the plan has a span)
+    _attempt_span: Any = None
+
     def __init__(self, node: Any, plan: RelayPlan):  # noqa: D107 - Response.__init__ deliberately not called
         self.node = node
         self.plan = plan
@@ -241,6 +246,9 @@ class RelayResponse(Response):
                     return
 
         self._task = asyncio.current_task()
+        span = self.plan.span
+        if span is not None:  # traced: the span notes the status sent back
+            send = self.node.tracer.watch(span, send)
         watcher = asyncio.ensure_future(watch())
         started = time.monotonic()
         try:
@@ -253,6 +261,8 @@ class RelayResponse(Response):
             if row["outcome"] == "pending":
                 self.node.routing_log.touch(row, outcome="failed", reason=row["reason"] or "ended without an answer")
             self.node.plugins.broadcast_request_finished(row)
+            if span is not None:  # after the last chunk, not at the headers
+                self.node.tracer.end_request(span, row)
 
     # -- helpers -----------------------------------------------------------------------
     def _engine_for(self, cand: Candidate) -> Any:
@@ -311,6 +321,8 @@ class RelayResponse(Response):
             url = self.node.peer_client.base_url(cand.node) + path
             headers = {"Content-Type": "application/json", **auth, "X-Hub-Pool-Backend": cand.backend,
                        "X-Hub-Pool-Model": plan.model, "X-Hub-Pool-Request-Id": plan.row["id"]}
+            if plan.span is not None:  # the peer's span continues this attempt's trace (not signed)
+                self.node.tracer.inject(self._attempt_span, headers)
             translator, body_bytes = None, plan.raw
         headers.update(plan.extra_headers)
         request = self.node.session.post(url, data=body_bytes, headers=headers,
@@ -406,6 +418,8 @@ class RelayResponse(Response):
             work = (cand.backend, plan.model, plan.num_ctx) if cand.is_local else None
             # a sample is taken only when the node had nothing else in flight, as far as we can tell
             alone = (load.local == 0) if cand.is_local else (cand.in_flight == 0)
+            if plan.span is not None:
+                self._attempt_span = self.node.tracer.start_attempt(plan.span, cand, attempt)
             attempt_started = time.monotonic()
             load.acquire(cand.peer_id, work)
             released = False
@@ -473,6 +487,8 @@ class RelayResponse(Response):
             finally:
                 if not released:
                     load.release(cand.peer_id, work)
+                if plan.span is not None:
+                    self.node.tracer.end_attempt(self._attempt_span, row, attempt)
         self._observe("exhausted")
         if failures and failures[-1].verdict is not None:
             # no candidate left to ask: a verdict waiting for a second node is returned anyway
