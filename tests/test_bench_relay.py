@@ -75,6 +75,33 @@ def test_the_load_generator_runs_in_its_own_process_and_reports_percentiles(stub
     assert failing["failed"] == 2 and failing["ok"] == 0 and failing["errors"]
 
 
+@pytest.mark.timeout(60)
+def test_cpu_of_threads_that_ended_during_a_run_is_still_counted():
+    """A server whose worker threads come and go (LiteLLM's) read low, even negative, when only
+    live threads were summed: a thread that ended took its run time with it."""
+    code = ("import sys, threading, time\n"
+            "def burn():\n"
+            "    end = time.thread_time() + 0.25\n"
+            "    while time.thread_time() < end: pass\n"
+            "print('ready', flush=True); sys.stdin.readline()\n"
+            "for _ in range(3):\n"
+            "    t = threading.Thread(target=burn); t.start(); t.join()\n"
+            "print('done', flush=True); sys.stdin.readline()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        before = procs.cpu_sample(proc.pid)
+        proc.stdin.write("\n"); proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "done"
+        after = procs.cpu_sample(proc.pid)
+        live_only = (sum(after.threads.values()) - sum(before.threads.values())) / 1e9
+        assert live_only < 0.3  # the three workers' 0.75 s went with them
+        assert 0.7 <= procs.cpu_used(before, after) <= 1.5
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
 def test_readings_of_a_process_that_is_gone_are_zero_not_an_error():
     ended = subprocess.Popen([sys.executable, "-c", "pass"])
     ended.wait(30)

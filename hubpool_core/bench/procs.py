@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,25 +31,53 @@ _DROP_NAMES = {"http_proxy", "https_proxy", "all_proxy", "no_proxy"}
 SUFFIX = "bench.ts.net"
 
 
-def cpu_seconds(pid: int) -> float:
-    """CPU seconds the process (all its threads) has used; 0 once it is gone.
+@dataclass(frozen=True)
+class CpuSample:
+    """One reading of a process's CPU: each live thread's run time (ns, from schedstat) and the
+    whole process's utime + stime (seconds, 10 ms ticks, threads that ended included)."""
 
-    The sum of every thread's /proc/<pid>/task/<tid>/schedstat run time (nanoseconds) when
-    the kernel keeps it: utime + stime tick at 10 ms, coarser than nginx spends on a
-    thousand requests. Otherwise utime + stime of /proc/<pid>/stat."""
-    total_ns, found = 0, False
+    threads: dict[str, int]
+    coarse: float
+
+
+def cpu_sample(pid: int) -> CpuSample:
+    """The process's CPU now; empty once it is gone."""
+    threads: dict[str, int] = {}
     try:
         for task in os.listdir(f"/proc/{pid}/task"):
             try:
-                total_ns += int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[0])
-                found = True
+                threads[task] = int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[0])
             except (OSError, ValueError, IndexError):
                 continue  # a thread that ended between the listing and the read
     except OSError:
+        return CpuSample({}, 0.0)
+    return CpuSample(threads, _stat_seconds(pid))
+
+
+#: how far the tick count may run ahead of the threads' own figures before it is believed
+_TICK_SLACK_S = 3 / _CLK_TCK
+
+
+def cpu_used(before: CpuSample, after: CpuSample) -> float:
+    """CPU seconds between two samples of one process.
+
+    The threads' schedstat run times are nanosecond-exact (utime + stime tick at 10 ms, coarser
+    than nginx spends on a thousand requests) but a thread that ended took its time with it —
+    a server whose worker threads come and go (LiteLLM's) read low, even negative. So: each
+    thread alive at the end, from its own start figure (0 if it was born since); and when the
+    process's tick count says clearly more was used, threads that ended used it: the ticks."""
+    if not after.threads:
         return 0.0
-    if found:
-        return total_ns / 1e9
-    return _stat_seconds(pid)
+    exact = sum(ns - before.threads.get(tid, 0) for tid, ns in after.threads.items()) / 1e9
+    coarse = after.coarse - before.coarse
+    return coarse if coarse - exact > _TICK_SLACK_S else exact
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds the process (all its live threads) has used; 0 once it is gone. For a
+    difference over a run use :func:`cpu_sample` and :func:`cpu_used`."""
+    sample = cpu_sample(pid)
+    return sum(sample.threads.values()) / 1e9 if sample.threads else 0.0
 
 
 def _stat_seconds(pid: int) -> float:

@@ -97,8 +97,12 @@ class Target:
     pids: list[int]
     headers: dict[str, str] = field(default_factory=dict)
 
-    def cpu(self) -> float:
-        return sum(procs.cpu_seconds(pid) for pid in self.pids)
+    def cpu(self) -> list[procs.CpuSample]:
+        return [procs.cpu_sample(pid) for pid in self.pids]
+
+    @staticmethod
+    def used(before: list[procs.CpuSample], after: list[procs.CpuSample]) -> float:
+        return sum(procs.cpu_used(b, a) for b, a in zip(before, after))
 
 
 @dataclass
@@ -462,13 +466,13 @@ def run_bench(*, quick: bool = False, gate: bool = False, rounds: int | None = N
 
         def one(target: Target, scenario: Scenario, rnd: int, capture: bool = False,
                 path: str = CHAT, body: dict[str, Any] | None = None) -> Run:
-            cpu0, eng0 = target.cpu(), procs.cpu_seconds(stub_pid)
+            cpu0, eng0 = target.cpu(), procs.cpu_sample(stub_pid)
             result = driver.run(target.url + path, body or scenario.body(), scenario.c, scenario.n, per_run_cap,
                                 capture=capture, headers=target.headers)
             if "error" in result:
                 raise RuntimeError(f"load generator: {result['error']}")
-            return Run(target.name, scenario.name, rnd, result, target.cpu() - cpu0,
-                       procs.cpu_seconds(stub_pid) - eng0)
+            return Run(target.name, scenario.name, rnd, result, Target.used(cpu0, target.cpu()),
+                       procs.cpu_used(eng0, procs.cpu_sample(stub_pid)))
 
         progress("warming up")
         for target in targets.values():
