@@ -42,6 +42,8 @@ def test_serve_runs_a_node_and_stops_gracefully(tmp_path):
                 assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()
                 time.sleep(0.1)
             assert (tmp_path / "operator.key").exists()
+            # the same process, re-executed in place under -OO: no docstrings resident (G7)
+            assert "-OO" in open(f"/proc/{proc.pid}/cmdline").read().split("\0")
             with httpx.Client(timeout=30) as c, c.stream(
                 "POST", base + "/api/generate", json={"model": "llama3.2:3b", "prompt": "x",
                                                        "options": {"num_predict": 40}}) as r:

@@ -3,7 +3,10 @@
 `hubpool serve` is the long-running process and the one whose memory counts (docs/performance.md,
 G7): typer and rich (about 12 MB resident) are not imported for it. Its two options are read
 here; anything else, and every other command, goes to the typer CLI in
-hubpool_core.cli.commands, which also answers `serve --help` and misspelt options.
+hubpool_core.cli.commands, which also answers `serve --help` and misspelt options. On POSIX the
+serve process re-executes itself under `python -OO` first: the docstrings of everything a node
+imports (SQLAlchemy's, pydantic's, aiohttp's ...) are about 4.5 MB resident that nothing in a
+serving node reads (hubpool's own code uses no assert for anything but type narrowing).
 """
 
 from __future__ import annotations
@@ -49,12 +52,23 @@ def main() -> None:
 
         cli_main()
         return
+    _without_docstrings()
     from hubpool_core.config import EnvSettings
     from hubpool_core.server import run_node
 
     if options.get("--listen"):
         os.environ["HUB_POOL_LISTEN"] = options["--listen"]
     run_node(EnvSettings(), log_level=options.get("--log-level", "info"))
+
+
+def _without_docstrings() -> None:
+    """Replace this process with `python -OO -m hubpool_core.cli <the same arguments>` (same pid,
+    same environment), unless it already runs so or cannot (no interpreter path, not POSIX)."""
+    if sys.flags.optimize >= 2 or os.name != "posix" or not sys.executable:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-OO", "-m", "hubpool_core.cli", *sys.argv[1:]])
 
 
 def __getattr__(name: str) -> Any:
