@@ -69,10 +69,10 @@ class ShortKeepAliveEngine(RawHttpServer):
                 if self.mode == "partial" and expired:
                     conn.sendall(b"HTTP/1.1 2")
                 return  # closed unanswered (the with block closes the socket)
+            with self.lock:  # counted before the answer leaves: the test reads it once the answer arrived
+                self.chats_answered += 1
             send_json(conn, {"model": MODEL, "message": {"role": "assistant", "content": "hi"},
                               "done": True, "done_reason": "stop"})
-            with self.lock:
-                self.chats_answered += 1
             answered_at = time.monotonic()
 
 

@@ -383,13 +383,25 @@ LITELLM_MODEL = """  - model_name: {model}
       api_base: {upstream}/v1
       api_key: sk-bench
 """
+#: everything optional off, as the measured baseline ran it: no DB, callbacks, retries,
+#: telemetry, health checks or cost-map download
 LITELLM_SETTINGS = """litellm_settings:
-  drop_params: true
-  num_retries: 0
   telemetry: false
   callbacks: []
+  success_callback: []
+  failure_callback: []
+  num_retries: 0
+  request_timeout: 300
+  set_verbose: false
+  json_logs: false
+  drop_params: true
+router_settings:
+  num_retries: 0
+  allowed_fails: 1000
 general_settings:
   disable_spend_logs: true
+  disable_error_logs: true
+  background_health_checks: false
 """
 
 
@@ -402,7 +414,8 @@ def _start_litellm(started: procs.Started, upstream: str) -> tuple[str, subproce
     conf.write_text("model_list:\n" + "".join(LITELLM_MODEL.format(model=m, upstream=upstream) for m in (FAST, PACED))
                     + LITELLM_SETTINGS)
     env = procs.child_env({"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False",
-                           "LITELLM_LOG": "ERROR", "DISABLE_ADMIN_UI": "True", "NO_DOCS": "True",
+                           "LITELLM_LOG": "ERROR", "LITELLM_MODE": "PRODUCTION", "DISABLE_ADMIN_UI": "True",
+                           "NO_DOCS": "True",
                            "LITELLM_MASTER_KEY": key})
     proc = started.start("litellm", [sys.executable, "-m", "litellm.proxy.proxy_cli", "--config", str(conf),
                                      "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"], env=env)
