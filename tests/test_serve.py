@@ -60,3 +60,34 @@ def test_serve_runs_a_node_and_stops_gracefully(tmp_path):
         finally:
             if proc.poll() is None:
                 proc.kill()
+
+
+def test_a_directory_named_like_the_package_in_the_working_directory_shadows_nothing(tmp_path):
+    """The serve process re-executes itself with `-m` and migrates in a `-c` child: both run with
+    -P, or a `hubpool_core` directory where the operator happens to stand would be imported."""
+    here = tmp_path / "cwd"
+    (here / "hubpool_core").mkdir(parents=True)
+    (here / "hubpool_core" / "__init__.py").write_text('raise SystemExit("shadowed by the working directory")\n')
+    port = _free_port()
+    env = {**os.environ, **{v: closed_port_url() for v in ENGINE_VARS}, "HUB_POOL_DATA_DIR": str(tmp_path / "data"),
+           "HUB_POOL_LISTEN": f"127.0.0.1:{port}", "HUB_POOL_TAILSCALE_CLI": "/nonexistent"}
+    script = os.path.join(os.path.dirname(sys.executable), "hubpool")
+    proc = subprocess.Popen([script, "serve", "--log-level", "info"], cwd=here, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/api/inference/pool/identify", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        err = proc.stderr.read()
+        assert "shadowed" not in err and "migrating in-process" not in err, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()

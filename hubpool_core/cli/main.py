@@ -62,13 +62,15 @@ def main() -> None:
 
 
 def _without_docstrings() -> None:
-    """Replace this process with `python -OO -m hubpool_core.cli <the same arguments>` (same pid,
+    """Replace this process with `python -OO -P -m hubpool_core.cli <the same arguments>` (same pid,
     same environment), unless it already runs so or cannot (no interpreter path, not POSIX)."""
     if sys.flags.optimize >= 2 or os.name != "posix" or not sys.executable:
         return
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, "-OO", "-m", "hubpool_core.cli", *sys.argv[1:]])
+    # -P: `-m` would otherwise put the working directory first on sys.path, where a directory
+    # that happens to be named hubpool_core would shadow the installed package
+    os.execv(sys.executable, [sys.executable, "-OO", "-P", "-m", "hubpool_core.cli", *sys.argv[1:]])
 
 
 def __getattr__(name: str) -> Any:

@@ -87,7 +87,7 @@ def migrate_apart(url: str, timeout_s: float = 300) -> bool:
         db.dispose()
     env = dict(os.environ, HUB_POOL_MIGRATE_URL=url)
     try:
-        done = subprocess.run([sys.executable, "-c", _MIGRATE_CHILD], env=env, timeout=timeout_s,
+        done = subprocess.run([sys.executable, "-P", "-c", _MIGRATE_CHILD], env=env, timeout=timeout_s,
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     except (OSError, subprocess.TimeoutExpired) as exc:
         log.info("schema migration in a child process did not run (%s); migrating in-process", exc)
