@@ -37,6 +37,16 @@ def closed_port_url() -> str:
     return f"http://127.0.0.1:{port}"  # bound then released: nothing listens there
 
 
+def wait_until(predicate: Any, timeout: float = 10.0, interval: float = 0.02) -> bool:
+    """Poll ``predicate`` until it holds or ``timeout`` seconds pass; its last answer."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return bool(predicate())
+
+
 class RunningNode:
     def __init__(self, data_dir: Path, environ: dict[str, str] | None = None,
                  extra_plugins: tuple[tuple[str, Any], ...] = (), sock: socket.socket | None = None):

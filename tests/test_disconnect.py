@@ -2,22 +2,11 @@
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import pytest
 
-from harness import RunningNode
+from harness import RunningNode, wait_until
 from hubpool_sim import SimConfig, SimModel, run_in_thread
-
-
-def _wait_for(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 @pytest.fixture
@@ -39,9 +28,9 @@ def test_hang_up_mid_stream_aborts_upstream(tmp_path, slow_sim, route, body):
                 rid = r.headers["x-hub-pool-request-id"]
                 next(r.iter_raw())  # the stream is flowing
             # leaving the block closes the connection mid-stream
-        assert _wait_for(lambda: slow_sim.stats()["aborted"] >= 1), slow_sim.stats()
+        assert wait_until(lambda: slow_sim.stats()["aborted"] >= 1), slow_sim.stats()
         with node.client(headers=node.headers()) as c:
-            assert _wait_for(lambda: next(
+            assert wait_until(lambda: next(
                 e for e in c.get("/api/inference/pool/routing-log").json()["entries"] if e["id"] == rid
             )["clientClosed"] is True)
 
@@ -51,7 +40,7 @@ def test_hang_up_before_headers_aborts_upstream_and_is_not_failed_over(tmp_path,
     with RunningNode(tmp_path / "n", {"OLLAMA_URL": slow_sim.url}) as node:
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(node.url + "/api/chat", json={"model": "llama3.2:3b", "messages": []}, timeout=1.0)
-        assert _wait_for(lambda: slow_sim.stats()["aborted"] >= 1), slow_sim.stats()
+        assert wait_until(lambda: slow_sim.stats()["aborted"] >= 1), slow_sim.stats()
         with node.client(headers=node.headers()) as c:
             entries = c.get("/api/inference/pool/routing-log").json()["entries"]
         row = entries[0]

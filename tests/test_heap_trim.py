@@ -6,17 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from harness import RunningNode
+from harness import RunningNode, wait_until
 from hubpool_core import heap_trim
-
-
-def _wait(predicate, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
 
 
 def test_a_running_node_trims_after_requests_and_not_while_idle(tmp_path, ollama_sim, monkeypatch):
@@ -32,7 +23,7 @@ def test_a_running_node_trims_after_requests_and_not_while_idle(tmp_path, ollama
         served = n.node.routing_log.total_recorded
         assert served == 3
         # trims may land between the requests; wait for the one that saw all three
-        assert _wait(lambda: heap.seen == served), "no trim after requests were served"
+        assert wait_until(lambda: heap.seen == served), "no trim after requests were served"
         settled = heap.trims
         assert settled >= 1
         time.sleep(0.4)  # eight intervals with nothing served
@@ -40,7 +31,7 @@ def test_a_running_node_trims_after_requests_and_not_while_idle(tmp_path, ollama
         with n.client() as c:
             assert c.post("/api/chat", json={"model": "llama3.2:3b", "stream": False, "messages": [
                 {"role": "user", "content": "again"}]}).status_code == 200
-        assert _wait(lambda: heap.trims == settled + 1)
+        assert wait_until(lambda: heap.trims == settled + 1)
 
 
 def test_without_malloc_trim_the_trimmer_does_nothing(monkeypatch):
