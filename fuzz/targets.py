@@ -12,12 +12,12 @@ import json
 import re
 from collections.abc import Callable
 
-from hubpool_core.addresses import AddressRefused, parse_address, resolve_checked
+from hubpool_core.peering.addresses import AddressRefused, parse_address, resolve_checked
 from hubpool_core.engine import NATIVE, OPENAI, Engine
-from hubpool_core.peer_guard import PeerRefused, single_valued
+from hubpool_core.peering.guard import PeerRefused, single_valued
 from hubpool_core.proxy.output_check import StreamJudge, degenerate, judge_whole
 from hubpool_core.proxy.translate import NativeToOpenAI
-from hubpool_core.signing import (
+from hubpool_core.peering.signing import (
     NODE_HEADER,
     NONCE_HEADER,
     PEER_HEADER,

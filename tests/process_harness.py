@@ -43,7 +43,7 @@ SERVE = ["-m", "hubpool_core.cli", "serve", "--log-level", "info"]
 WARM_LAUNCHER = """
 import sys
 import hubpool_core.cli.main as cli
-import hubpool_core.server  # noqa: F401 - what `serve` imports lazily
+import hubpool_core.node.server  # noqa: F401 - what `serve` imports lazily
 if sys.stdin.readline().strip() != "go":
     sys.exit(0)
 sys.argv = ["hubpool", "serve", "--log-level", "info"]

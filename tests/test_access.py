@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import stat
 
-from hubpool_core.credentials import KeyStore
+from hubpool_core.access.credentials import KeyStore
 
 
 def _keys(node) -> KeyStore:

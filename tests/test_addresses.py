@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hubpool_core.addresses import (
+from hubpool_core.peering.addresses import (
     ADDRESS_MAX_LENGTH,
     DEFAULT_PORTS,
     DEV_ALLOW_LOOPBACK_ENV,
@@ -30,7 +30,7 @@ from hubpool_core.addresses import (
     parse_address,
     resolve_checked,
 )
-from hubpool_core.discovery import probe_identify
+from hubpool_core.peering.discovery import probe_identify
 
 
 def _run(coro):
@@ -297,7 +297,7 @@ def test_a_resolver_that_hangs_is_refused_after_the_timeout():
 def test_the_default_resolver_reads_a_numeric_answer():
     # resolve_checked never hands it an IP literal, and any real name could leave the machine;
     # a numeric host is answered by getaddrinfo itself, with no lookup at all.
-    from hubpool_core.addresses import _system_resolver
+    from hubpool_core.peering.addresses import _system_resolver
 
     assert "127.0.0.1" in _run(_system_resolver("127.0.0.1"))
 

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from hubpool_core.directory import Directory, DirectoryCandidate
-from hubpool_core.discovery import (
+from hubpool_core.peering.discovery import (
     IDENTIFY_PATH,
     MIN_PAIR_BY_ADDRESS_PROTOCOL,
     DiscoverablePeer,
@@ -381,7 +381,7 @@ def test_a_directory_that_raises_contributes_nothing_and_the_others_answer(caplo
             return await discover([broken, daemon], exclude=set(), self_fqdn=None, http=http,
                                   tailnet_connected=True)
 
-    with caplog.at_level("DEBUG", logger="hubpool_core.discovery"):
+    with caplog.at_level("DEBUG", logger="hubpool_core.peering.discovery"):
         result = _run(go())
     assert [p["nodeFqdn"] for p in result["peers"]] == ["hub-b.example.ts.net"]
     assert broken.asked == 1

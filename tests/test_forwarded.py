@@ -3,7 +3,7 @@
 from starlette.requests import Request
 
 from hubpool_core.api.peers import caller_source_ip
-from hubpool_core.server import make_config
+from hubpool_core.node.server import make_config
 from hubpool_core.config import EnvSettings
 
 

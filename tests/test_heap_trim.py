@@ -1,5 +1,5 @@
 """The node gives freed heap back after it served something, and leaves an idle heap alone
-(hubpool_core/heap_trim.py; performance goal G7 in docs/performance.md)."""
+(hubpool_core/node/heap_trim.py; performance goal G7 in docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,7 @@ import asyncio
 import time
 
 from harness import RunningNode, wait_until
-from hubpool_core import heap_trim
-
-
+from hubpool_core.node import heap_trim
 def test_a_running_node_trims_after_requests_and_not_while_idle(tmp_path, ollama_sim, monkeypatch):
     monkeypatch.setattr(heap_trim, "TRIM_INTERVAL_S", 0.05)
     with RunningNode(tmp_path / "n", {"OLLAMA_URL": ollama_sim.url}) as n:

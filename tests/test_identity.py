@@ -10,7 +10,7 @@ import threading
 import pytest
 from sqlalchemy import select
 
-from hubpool_core.identity import (
+from hubpool_core.peering.identity import (
     IDENTITY_RETRY_S,
     IdentityStore,
     Keypair,
@@ -18,7 +18,7 @@ from hubpool_core.identity import (
     open_sealed_key,
     seal_private_key,
 )
-from hubpool_core.signing import (
+from hubpool_core.peering.signing import (
     NonceCache,
     public_key_fingerprint,
     sign_headers,

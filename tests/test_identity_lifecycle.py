@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import update
 
 from harness import fqdn, make_pool
-from hubpool_core.peers import utcnow
+from hubpool_core.peering.peers import utcnow
 from hubpool_core.store import identity_table
 
 P = "/api/inference/pool"

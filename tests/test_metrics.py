@@ -15,9 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
 from harness import fqdn, make_pool, pair
-from hubpool_core.metrics import BUCKETS, REASON_KINDS, NodeMetrics, reason_kind
-from hubpool_core.quarantine import Quarantine
-from hubpool_core.routing_log import RoutingLog
+from hubpool_core.telemetry.metrics import BUCKETS, REASON_KINDS, NodeMetrics, reason_kind
+from hubpool_core.placement.quarantine import Quarantine
+from hubpool_core.telemetry.routing_log import RoutingLog
 from hubpool_sim import SimConfig, SimModel, run_in_thread
 
 P = "/api/inference/pool"
@@ -273,7 +273,7 @@ def test_reason_kinds(attempt, kind):
 
 def test_the_route_label_set_is_the_routed_set():
     from hubpool_core.api.inference import ROUTED
-    from hubpool_core.metrics import ROUTES
+    from hubpool_core.telemetry.metrics import ROUTES
 
     assert ROUTES == set(ROUTED)
 
@@ -282,7 +282,7 @@ def test_the_route_label_set_is_the_routed_set():
 @given(st.lists(st.one_of(st.floats(min_value=0, max_value=1000, allow_nan=False),
                           st.sampled_from(list(BUCKETS))), max_size=50))
 def test_histogram_buckets_are_cumulative_counts_of_values_at_or_below_each_bound(values):
-    from hubpool_core.metrics import _Histogram
+    from hubpool_core.telemetry.metrics import _Histogram
 
     h = _Histogram()
     for v in values:

@@ -249,7 +249,7 @@ def test_half_paired_when_the_callback_fails(pool2, caplog):
 def test_pending_requests_expire_after_24_hours_on_both_sides(pool2):
     from datetime import timedelta
 
-    from hubpool_core.peers import utcnow
+    from hubpool_core.peering.peers import utcnow
 
     a, b = pool2["hub-a"], pool2["hub-b"]
     op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn("hub-b")})

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hubpool_core import pairing_pin as pp
-from hubpool_core.pairing_pin import (
+from hubpool_core.peering import pairing_pin as pp
+from hubpool_core.peering.pairing_pin import (
     COOLDOWN_MAX_MS,
     PAIRING_PIN_MAX_ATTEMPTS,
     PAIRING_PIN_TTL_MS,

@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from harness import fqdn, make_pool
-from hubpool_core.peers import open_token
-from hubpool_core.signing import sign_headers
+from hubpool_core.peering.peers import open_token
+from hubpool_core.peering.signing import sign_headers
 
 P = "/api/inference/pool"
 CAPS = P + "/capabilities"

@@ -116,7 +116,7 @@ def test_env_master_beats_the_setting_and_blocks_pairing(tmp_path):
 
 
 def test_local_forward_refusals_are_503_when_inbound_is_off_never_403(tmp_path):
-    from hubpool_core.signing import sign_headers
+    from hubpool_core.peering.signing import sign_headers
 
     nodes = make_pool(tmp_path, ["hub-a", "hub-b"])
     a, b = nodes["hub-a"].start(), nodes["hub-b"].start()

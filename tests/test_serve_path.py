@@ -21,8 +21,8 @@ from hubpool_core.bench import procs
 from hubpool_core.bench.stub_engine import FAST, PACED
 from hubpool_core.cli.main import serve_arguments
 from hubpool_core.config import EnvSettings
-from hubpool_core.node import Node
-from hubpool_core.server import make_config
+from hubpool_core.node.node import Node
+from hubpool_core.node.server import make_config
 from hubpool_core.store.db import Database, head_revision, migrate_apart
 
 
@@ -90,8 +90,8 @@ def test_a_served_node_never_loads_the_sqlalchemy_orm_or_other_unneeded_framewor
     out = _fresh_python(
         "import os, sys\n"
         "from hubpool_core.config import EnvSettings\n"
-        "from hubpool_core.node import Node\n"
-        "from hubpool_core.server import make_config\n"
+        "from hubpool_core.node.node import Node\n"
+        "from hubpool_core.node.server import make_config\n"
         "from hubpool_core.store.db import migrate_apart\n"
         "env = EnvSettings.from_environ(os.environ)\n"
         "env.data_dir.mkdir(parents=True, exist_ok=True)\n"
@@ -163,7 +163,7 @@ class _Recorder:
 
 def test_a_held_answer_leaves_in_one_write_and_a_stream_head_does_not_wait_for_a_token(served, monkeypatch):
     port, key = served
-    import hubpool_core.server as server_module
+    import hubpool_core.node.server as server_module
 
     writes: list[bytes] = []
     real = server_module.HeadWithBody
@@ -199,7 +199,7 @@ def test_a_held_answer_leaves_in_one_write_and_a_stream_head_does_not_wait_for_a
 def test_head_with_body_keeps_order_and_never_holds_a_head_past_the_loop_turn():
     import asyncio
 
-    from hubpool_core.server import HeadWithBody
+    from hubpool_core.node.server import HeadWithBody
 
     class Sink:
         def __init__(self):

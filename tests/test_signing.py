@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nacl.signing import SigningKey
 
-from hubpool_core.signing import (
+from hubpool_core.peering.signing import (
     NODE_HEADER,
     NONCE_HEADER,
     PEER_HEADER,

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from hubpool_core.placement import Candidate, Load, PlacementContext, run_stages
-from hubpool_core.throughput import ThroughputStore
+from hubpool_core.placement.throughput import ThroughputStore
 from hubpool_stages import (
     ContextCapStage,
     LocalContentionStage,

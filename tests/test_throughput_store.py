@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from hubpool_core.throughput import (
+from hubpool_core.placement.throughput import (
     FORGET_AFTER_MS,
     ThroughputStore,
     advertised_prediction,

@@ -28,7 +28,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 from opentelemetry.proto.trace.v1.trace_pb2 import Status as PbStatus
 
 from harness import ENGINE_VARS, RunningNode, closed_port_url, fqdn, make_pool, pair
-from hubpool_core import tracing
+from hubpool_core.telemetry import tracing
 from hubpool_sim import SimConfig, SimModel, run_in_thread
 
 MODEL = "llama3.2:3b"
@@ -294,8 +294,8 @@ def test_a_node_without_traces_asked_for_imports_no_sdk(tmp_path, exporter):
         env["OTEL_TRACES_EXPORTER"] = exporter
     code = ("import asyncio, os, sys\n"
             "from hubpool_core.config import EnvSettings\n"
-            "from hubpool_core.node import Node\n"
-            "from hubpool_core.server import make_config\n"
+            "from hubpool_core.node.node import Node\n"
+            "from hubpool_core.node.server import make_config\n"
             "env = EnvSettings.from_environ(os.environ)\n"
             "node = Node(env)\n"
             "make_config(env, node, 'warning').load()\n"

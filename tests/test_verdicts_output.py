@@ -193,7 +193,7 @@ def test_withheld_engines_are_never_removed_only_last(flags):
 
 
 def test_a_burst_of_faults_is_one_event_and_two_events_withhold():
-    from hubpool_core.quarantine import Quarantine
+    from hubpool_core.placement.quarantine import Quarantine
 
     now = [1000.0]
     q = Quarantine(clock=lambda: now[0])

@@ -9,8 +9,8 @@ from fastapi.responses import JSONResponse, Response
 from hubpool_core.api.inference import _guard, pool_offers
 from hubpool_core.api.operator import _operator
 from hubpool_core.config import PREFERENCE_KEYS, SettingsError
-from hubpool_core.doctor import ACTION, run_checks
-from hubpool_core.handout import build_handout
+from hubpool_core.node.doctor import ACTION, run_checks
+from hubpool_core.placement.handout import build_handout
 from hubpool_core.placement import usable_peers
 
 

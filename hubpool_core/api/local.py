@@ -16,8 +16,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from hubpool_core.api.inference import ROUTED, BadRequest, _wants_stream, read_json_object
-from hubpool_core.local_engines import listing_backends
-from hubpool_core.peer_guard import PeerRefused, admit
+from hubpool_core.signals.local_engines import listing_backends
+from hubpool_core.peering.guard import PeerRefused, admit
 from hubpool_core.placement import Candidate
 from hubpool_core.proxy.relay import LOCAL_PREFIX, RelayPlan, RelayResponse
 

@@ -13,8 +13,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from hubpool_core.access import PROVENANCE_HEADERS, bearer, operator_refusal, parse_ip
-from hubpool_core.metrics import CONTENT_TYPE, install
+from hubpool_core.access.guards import PROVENANCE_HEADERS, bearer, operator_refusal, parse_ip
+from hubpool_core.telemetry.metrics import CONTENT_TYPE, install
 
 def from_loopback(client_ip: str | None, headers: dict[str, str]) -> bool:
     """A loopback caller with no provenance header and only loopback forwarding hops."""

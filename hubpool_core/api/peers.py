@@ -11,15 +11,15 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from hubpool_core.access import PROVENANCE_HEADERS
-from hubpool_core.addresses import AddressRefused, candidate_urls, parse_address, resolve_checked
+from hubpool_core.access.guards import PROVENANCE_HEADERS
+from hubpool_core.peering.addresses import AddressRefused, candidate_urls, parse_address, resolve_checked
 from hubpool_core.api.operator import _operator
-from hubpool_core.discovery import MIN_PAIR_BY_ADDRESS_PROTOCOL, discover, probe_identify
-from hubpool_core.pairing import PairingError
-from hubpool_core.peer_client import PeerAuthError
-from hubpool_core.peer_guard import PeerRefused, admit
-from hubpool_core.containers import clamp_containers
-from hubpool_core.peers import public_peer
+from hubpool_core.peering.discovery import MIN_PAIR_BY_ADDRESS_PROTOCOL, discover, probe_identify
+from hubpool_core.peering.pairing import PairingError
+from hubpool_core.peering.client import PeerAuthError
+from hubpool_core.peering.guard import PeerRefused, admit
+from hubpool_core.signals.containers import clamp_containers
+from hubpool_core.peering.peers import public_peer
 from hubpool_core.store import PoolPeer
 
 log = logging.getLogger("hubpool.api.peers")

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from hubpool_core.bench import procs
 from hubpool_core.bench.stub_engine import FAST, PACED
-from hubpool_core.heap_trim import TRIM_INTERVAL_S
+from hubpool_core.node.heap_trim import TRIM_INTERVAL_S
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 CHAT = "/v1/chat/completions"

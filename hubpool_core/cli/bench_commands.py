@@ -46,7 +46,7 @@ def placement(rounds: int = typer.Option(2000, "--rounds", min=10, max=1_000_000
                             poolMaxPromptTokens=16000, maxNumCtx=16384, ollamaSlots=2)
     host = load_plugins()
     load = Load()
-    from hubpool_core.throughput import ThroughputStore
+    from hubpool_core.placement.throughput import ThroughputStore
 
     node = SimpleNamespace(load=load, env=EnvSettings.from_environ({}), settings=SimpleNamespace(current=settings),
                            engine_by_kind={}, throughput=ThroughputStore())

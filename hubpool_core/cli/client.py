@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 
 from hubpool_core.config import EnvSettings
-from hubpool_core.credentials import read_operator_key
+from hubpool_core.access.credentials import read_operator_key
 
 GET_TIMEOUT_S = 10
 WRITE_TIMEOUT_S = 30

@@ -59,7 +59,7 @@ def serve(
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
 ) -> None:
     """Run this machine's node in the foreground (logs go to stderr)."""
-    from hubpool_core.server import run_node
+    from hubpool_core.node.server import run_node
 
     if listen:
         os.environ["HUB_POOL_LISTEN"] = listen
@@ -120,7 +120,7 @@ def settings_cmd(
 # -- api keys (local: they live in this machine's store) ------------------------------
 
 def _keystore():  # noqa: ANN202
-    from hubpool_core.credentials import KeyStore
+    from hubpool_core.access.credentials import KeyStore
     from hubpool_core.store import Database
 
     env = EnvSettings()
@@ -136,7 +136,7 @@ def api_key_create(
     name: Optional[str] = typer.Option(None, "--name", help="A label to recognise the key by."),
 ) -> None:
     """Mint a key; it is printed once and only its hash is kept."""
-    from hubpool_core.credentials import SCOPES
+    from hubpool_core.access.credentials import SCOPES
 
     if scope not in SCOPES:
         _fail(f"--scope must be one of {', '.join(SCOPES)}")
@@ -148,7 +148,7 @@ def api_key_create(
 @api_key_app.command("list")
 def api_key_list(as_json: bool = JsonOption) -> None:
     """List keys (never the keys themselves)."""
-    from hubpool_core.credentials import public_key_row
+    from hubpool_core.access.credentials import public_key_row
 
     rows = [public_key_row(r) for r in _keystore().list()]
     if as_json:

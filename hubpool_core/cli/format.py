@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any, Iterable, Sequence
 
-#: consecutive failed polls that mark a peer unreachable (hubpool_core.health, spec: Recovery)
+#: consecutive failed polls that mark a peer unreachable (hubpool_core.peering.health, spec: Recovery)
 UNREACHABLE_THRESHOLD = 3
 
 PEER_COLUMNS = (("ID", 8), ("NODE", 34), ("DIR", 4), ("STATUS", 16), ("LAST SEEN", 20), ("QUEUE", 5),

@@ -54,7 +54,7 @@ def main() -> None:
         return
     _without_docstrings()
     from hubpool_core.config import EnvSettings
-    from hubpool_core.server import run_node
+    from hubpool_core.node.server import run_node
 
     if options.get("--listen"):
         os.environ["HUB_POOL_LISTEN"] = options["--listen"]

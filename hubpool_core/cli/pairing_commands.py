@@ -107,7 +107,7 @@ def pair(node: str = typer.Argument(..., help="The other Hub's tailnet name, or 
          name: Optional[str] = typer.Option(None, "--name", help="A display label for the peer."),
          yes: bool = YesOption, url: Optional[str] = UrlOption) -> None:
     """Send a pairing request; an operator on the other Hub approves it there."""
-    from hubpool_core.signing import normalize_peer_fqdn
+    from hubpool_core.peering.signing import normalize_peer_fqdn
 
     is_name = normalize_peer_fqdn(node) is not None and not node.replace(".", "").isdigit()
     body: dict[str, Any] = {"nodeFqdn": node} if is_name else {"address": node}

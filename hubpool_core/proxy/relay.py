@@ -24,7 +24,7 @@ from starlette.responses import Response
 
 from hubpool_core.engine import OPENAI, REQUEST_ERROR_SIGNATURES
 from hubpool_core.models_ids import fold_model_id, same_model
-from hubpool_core.peer_client import PeerAuthError
+from hubpool_core.peering.client import PeerAuthError
 from hubpool_core.placement import Candidate
 from hubpool_core.proxy.output_check import (
     COMPLETION_ROUTES,
@@ -34,8 +34,8 @@ from hubpool_core.proxy.output_check import (
     judge_whole,
 )
 from hubpool_core.proxy.translate import NativeToOpenAI
-from hubpool_core.quarantine import DROPPED
-from hubpool_core.throughput import MIN_PROMPT_TOKENS
+from hubpool_core.placement.quarantine import DROPPED
+from hubpool_core.placement.throughput import MIN_PROMPT_TOKENS
 
 log = logging.getLogger("hubpool.relay")
 
@@ -149,7 +149,7 @@ class RelayPlan:
     context: Any = None
     observers: list[Any] = field(default_factory=list)
     row_fault: str | None = None
-    #: the request's trace span when the node traces (hubpool_core/tracing.py), else None
+    #: the request's trace span when the node traces (hubpool_core/telemetry/tracing.py), else None
     span: Any = None
 
     def context_headers(self) -> dict[str, str]:

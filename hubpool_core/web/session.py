@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
 from typing import Any
 
-from hubpool_core.credentials import KeyStore, Principal
+from hubpool_core.access.credentials import KeyStore, Principal
 
 #: twelve hours: long enough for a working day at the dashboard, short enough that a
 #: forgotten browser does not stay signed in for good

@@ -205,7 +205,7 @@ def wait_until_up(hub: Hub, deadline: float) -> None:
             if time.monotonic() > deadline:
                 raise DemoError(f"{hub.name} did not answer at {hub.url} within {START_TIMEOUT_S} s.", hub)
             time.sleep(0.1)
-    from hubpool_core.credentials import read_operator_key
+    from hubpool_core.access.credentials import read_operator_key
 
     key = read_operator_key(hub.data_dir)  # minted at start, before the node listens
     if not key:

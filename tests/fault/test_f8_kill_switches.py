@@ -24,7 +24,7 @@ import pytest
 
 from harness import RunningNode, fqdn, make_pool, pair
 from hubpool_core.config import EnvSettings, PoolSettings
-from hubpool_core.directions import resolve_directions
+from hubpool_core.node.directions import resolve_directions
 from hubpool_core.placement import usable_peers
 from hubpool_core.store import PoolPeer
 from hubpool_sim import SimConfig, SimModel, run_in_thread

@@ -1,5 +1,5 @@
-"""F9: the withholding clock (hubpool_core/quarantine.py) and the unreachable and refusal clocks
-(hubpool_core/health.py) under a frozen clock, to the second.
+"""F9: the withholding clock (hubpool_core/placement/quarantine.py) and the unreachable and refusal clocks
+(hubpool_core/peering/health.py) under a frozen clock, to the second.
 
 Withholding: two faults less than 300 s apart withhold (node, engine, model) for 60 s; a fault
 on the re-probe after that doubles it, to at most 900 s; dropped connections under 1 s apart
@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 
 from harness import fqdn, make_pool, pair
-from hubpool_core import health
-from hubpool_core.quarantine import BASE_WITHHOLD_S, DROPPED, MAX_WITHHOLD_S, STRIKE_WINDOW_S, Quarantine
+from hubpool_core.peering import health
+from hubpool_core.placement.quarantine import BASE_WITHHOLD_S, DROPPED, MAX_WITHHOLD_S, STRIKE_WINDOW_S, Quarantine
 
 KEY = ("local", "ollama", "llama3.2:3b")
 EPS = 0.001
@@ -28,7 +28,7 @@ class FrozenClock:
     def __call__(self) -> float:
         return self.t
 
-    def time(self) -> float:  # stands in for the time module in hubpool_core.health
+    def time(self) -> float:  # stands in for the time module in hubpool_core.peering.health
         return self.t
 
     def monotonic(self) -> float:

@@ -19,15 +19,15 @@ import httpx
 import pytest
 
 from harness import make_pool
-from hubpool_core import addresses
-from hubpool_core.addresses import (
+from hubpool_core.peering import addresses
+from hubpool_core.peering.addresses import (
     AddressRefused,
     candidate_urls,
     is_allowed_peer_ip,
     parse_address,
     resolve_checked,
 )
-from hubpool_core.discovery import probe_identify
+from hubpool_core.peering.discovery import probe_identify
 
 P = "/api/inference/pool"
 

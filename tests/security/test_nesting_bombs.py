@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from harness import make_pool
-from hubpool_core.peers import new_token, seal_token, token_hash
+from hubpool_core.peering.peers import new_token, seal_token, token_hash
 from hubpool_core.store import PoolPeer
 
 P = "/api/inference/pool"

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from harness import RunningNode, fqdn, make_pool
-from hubpool_core.pairing_pin import PAIRING_PIN_MAX_ATTEMPTS
+from hubpool_core.peering.pairing_pin import PAIRING_PIN_MAX_ATTEMPTS
 from hubpool_sim import SimConfig, SimModel, run_in_thread
 
 P = "/api/inference/pool"

@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from harness import RunningNode, fqdn, make_pool
-from hubpool_core import signing
-from hubpool_core.signing import (
+from hubpool_core.peering import signing
+from hubpool_core.peering.signing import (
     NONCE_HEADER,
     PEER_HEADER,
     PEER_NONCE_CACHE_MAX,

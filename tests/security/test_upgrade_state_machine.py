@@ -26,10 +26,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from harness import fqdn, make_pool
-from hubpool_core.peer_client import PeerAuthError
-from hubpool_core.pairing import bearer_grace_ms
-from hubpool_core.peers import aware, open_token, utcnow
-from hubpool_core.signing import sign_headers
+from hubpool_core.peering.client import PeerAuthError
+from hubpool_core.peering.pairing import bearer_grace_ms
+from hubpool_core.peering.peers import aware, open_token, utcnow
+from hubpool_core.peering.signing import sign_headers
 
 P = "/api/inference/pool"
 CAPS = P + "/capabilities"

@@ -167,7 +167,7 @@ class PromptCeilingStage(_SplitStage):
         env = getattr(self.node, "env", None)
         if env is None:  # no node to read the environment from: the setting alone
             return positive_int(getattr(context.settings, "poolMaxPromptTokens", None))
-        from hubpool_core.handout import effective_ceiling
+        from hubpool_core.placement.handout import effective_ceiling
 
         return positive_int(effective_ceiling(env, context.settings)[0])
 

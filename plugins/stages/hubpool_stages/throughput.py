@@ -25,7 +25,7 @@ from typing import Any
 from hubpool_core import Stage
 from hubpool_core.models_ids import fold_model_id
 from hubpool_core.placement import find_pin, pin_matches
-from hubpool_core.throughput import (
+from hubpool_core.placement.throughput import (
     DEFER_MIN_PROMPT_TOKENS,
     MIN_PROMPT_TOKENS,
     Prediction,
@@ -97,7 +97,7 @@ def _snapshot_age_ms(peer: Any) -> float | None:
     if seen is None:
         return None
     try:
-        from hubpool_core.peers import aware
+        from hubpool_core.peering.peers import aware
 
         stamp = aware(seen)
     except Exception:  # noqa: BLE001 - an odd stamp falls back to the snapshot's own

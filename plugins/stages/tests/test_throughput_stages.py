@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hubpool_core.placement import Candidate, Load, PlacementContext, run_stages
-from hubpool_core.throughput import ThroughputStore
+from hubpool_core.placement.throughput import ThroughputStore
 from hubpool_stages import LocalContentionStage, PrefixAffinityStage
 from hubpool_stages.splits import ContextCapStage, PromptCeilingStage, SlotsStage
 from hubpool_stages.throughput import SlowerPlacementStage, ThroughputStage, slower_settings

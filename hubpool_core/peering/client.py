@@ -14,8 +14,8 @@ from typing import Any
 
 import httpx
 
-from hubpool_core.peers import aware, open_token
-from hubpool_core.signing import sign_headers
+from hubpool_core.peering.peers import aware, open_token
+from hubpool_core.peering.signing import sign_headers
 from hubpool_core.store import PoolPeer
 
 log = logging.getLogger("hubpool.peers")

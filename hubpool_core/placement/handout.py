@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from hubpool_core.models_ids import same_model
-from hubpool_core.placement import choose_auto_model
+from hubpool_core.placement.ranking import choose_auto_model
 
 
 def effective_ceiling(env: Any, settings: Any) -> tuple[int | None, str | None]:

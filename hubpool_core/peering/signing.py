@@ -537,7 +537,7 @@ def sign_headers(
     """The six headers of a signed peer request, in this order: ``X-Hub-Pool-Node``,
     ``-Peer``, ``-Timestamp``, ``-Nonce``, ``-Signature``, ``-Recipient``. Never ``Authorization``.
 
-    ``keypair`` is an :class:`hubpool_core.identity.Keypair` (anything with a ``signing_key``
+    ``keypair`` is an :class:`hubpool_core.peering.identity.Keypair` (anything with a ``signing_key``
     attribute), or a bare :class:`nacl.signing.SigningKey`. Raises ValueError when it cannot
     sign (``signing_key`` is None: the sealed private key could not be opened) — the caller
     decides whether a bearer fallback is allowed (§2e "Outbound credential choice").

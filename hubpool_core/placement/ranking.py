@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from hubpool_core.local_engines import LocalBackend
+from hubpool_core.signals.local_engines import LocalBackend
 from hubpool_core.models_ids import fold_model_id, same_model
-from hubpool_core.peers import aware
-from hubpool_core.pressure_bands import UNKNOWN_PRESSURE, read_band
+from hubpool_core.peering.peers import aware
+from hubpool_core.signals.pressure_bands import UNKNOWN_PRESSURE, read_band
 from hubpool_core.store import PoolPeer
 
 _log = logging.getLogger("hubpool.placement")

@@ -18,7 +18,7 @@ from typing import Any
 from nacl.secret import SecretBox
 from sqlalchemy import Connection, delete, func, insert, select, update
 
-from hubpool_core.signing import public_key_fingerprint
+from hubpool_core.peering.signing import public_key_fingerprint
 from hubpool_core.store import Database, PoolPeer, peer_table
 from hubpool_core.store.models import from_row, values_of
 

@@ -11,7 +11,7 @@ import functools
 import ipaddress
 import os
 
-from hubpool_core.credentials import KeyStore, Principal
+from hubpool_core.access.credentials import KeyStore, Principal
 
 PROVENANCE_HEADERS = ("cf-ray", "cf-connecting-ip", "cf-visitor", "true-client-ip")
 TAILNET_V4 = ipaddress.ip_network("100.64.0.0/10")

@@ -47,7 +47,7 @@ from nacl.signing import SigningKey
 from sqlalchemy import Connection, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from hubpool_core.signing import (
+from hubpool_core.peering.signing import (
     pkcs8_from_signing_key,
     public_key_fingerprint,
     signing_key_from_pkcs8,
@@ -103,12 +103,12 @@ class Keypair:
 
     @property
     def can_sign(self) -> bool:
-        """True when :func:`hubpool_core.signing.sign_headers` can use this keypair."""
+        """True when :func:`hubpool_core.peering.signing.sign_headers` can use this keypair."""
         return self.signing_key is not None
 
     @property
     def fingerprint(self) -> str | None:
-        """:func:`hubpool_core.signing.public_key_fingerprint` of :attr:`public_key`."""
+        """:func:`hubpool_core.peering.signing.public_key_fingerprint` of :attr:`public_key`."""
         return public_key_fingerprint(self.public_key)
 
 

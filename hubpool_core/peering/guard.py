@@ -10,9 +10,9 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from hubpool_core.access import bearer
-from hubpool_core.peers import tokens_match, utcnow
-from hubpool_core.signing import (
+from hubpool_core.access.guards import bearer
+from hubpool_core.peering.peers import tokens_match, utcnow
+from hubpool_core.peering.signing import (
     REFUSAL_HEADER,
     REFUSAL_IDENTITY_MISMATCH,
     normalize_peer_fqdn,

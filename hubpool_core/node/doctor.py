@@ -119,7 +119,7 @@ def _clock_check(node: Any) -> dict[str, Any]:
             theirs = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
         except ValueError:
             continue
-        from hubpool_core.peers import aware
+        from hubpool_core.peering.peers import aware
 
         skew = abs((theirs - aware(seen)).total_seconds())
         if worst is None or skew > worst[1]:

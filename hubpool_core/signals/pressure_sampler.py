@@ -7,9 +7,9 @@ import asyncio
 import logging
 from typing import Any
 
-from hubpool_core.periodic import Periodic
+from hubpool_core.node.periodic import Periodic
 from hubpool_core.pressure import PressureSource
-from hubpool_core.pressure_bands import BandQuantiser, wire_source_name
+from hubpool_core.signals.pressure_bands import BandQuantiser, wire_source_name
 
 log = logging.getLogger("hubpool.pressure")
 

@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from hubpool_core.directory import Directory, TailnetStatus
-from hubpool_core.signing import normalize_peer_fqdn
+from hubpool_core.peering.signing import normalize_peer_fqdn
 
 log = logging.getLogger("hubpool.tailnet")
 

@@ -11,31 +11,30 @@ from typing import Any
 import aiohttp
 
 from hubpool_core.config import EnvSettings, SettingsStore, env_int
-from hubpool_core.credentials import KeyStore
-from hubpool_core.directions import Directions, resolve_directions
-from hubpool_core.handout import effective_ceiling
-from hubpool_core.heap_trim import HeapTrimmer
-from hubpool_core.health import HealthPoller
-from hubpool_core.identity import IdentityStore, node_secret_path
-from hubpool_core.local_engines import LocalEngines, build_engines
-from hubpool_core.pairing import Pairing
-from hubpool_core.pairing_pin import PairingPin, SourceCooldown
-from hubpool_core.peer_client import PeerClient
-from hubpool_core.peers import PeerRepo
-from hubpool_core.containers import ContainerSampler
+from hubpool_core.access.credentials import KeyStore
+from hubpool_core.node.directions import Directions, resolve_directions
+from hubpool_core.placement.handout import effective_ceiling
+from hubpool_core.node.heap_trim import HeapTrimmer
+from hubpool_core.peering.health import HealthPoller
+from hubpool_core.peering.identity import IdentityStore, node_secret_path
+from hubpool_core.signals.local_engines import LocalEngines, build_engines
+from hubpool_core.peering.pairing import Pairing
+from hubpool_core.peering.pairing_pin import PairingPin, SourceCooldown
+from hubpool_core.peering.client import PeerClient
+from hubpool_core.peering.peers import PeerRepo
+from hubpool_core.signals.containers import ContainerSampler
 from hubpool_core.models_ids import fold_model_id
 from hubpool_core.placement import TIER_RANK, Load
-from hubpool_core.quarantine import Quarantine
-from hubpool_core.throughput import ThroughputStore
-from hubpool_core.pressure_sampler import PressureSampler
+from hubpool_core.placement.quarantine import Quarantine
+from hubpool_core.placement.throughput import ThroughputStore
+from hubpool_core.signals.pressure_sampler import PressureSampler
 from hubpool_core.plugins import PluginHost, load_plugins
 from hubpool_core.proxy.relay import Budgets, ReuseAwareConnector
-from hubpool_core.routing_log import DEFAULT_CAPACITY, MAX_CAPACITY, RoutingLog, now_iso
-from hubpool_core.signing import NonceCache
+from hubpool_core.telemetry.routing_log import DEFAULT_CAPACITY, MAX_CAPACITY, RoutingLog, now_iso
+from hubpool_core.peering.signing import NonceCache
 from hubpool_core.store import Database
-from hubpool_core.tailnet import Tailnet, peer_url_overrides
-from hubpool_core import tracing
-
+from hubpool_core.peering.tailnet import Tailnet, peer_url_overrides
+from hubpool_core.telemetry import tracing
 #: a development switch so several nodes can pair by address on one machine; off by default
 ALLOW_LOOPBACK_PEERS_VAR = "HUB_POOL_DEV_ALLOW_LOOPBACK_PEERS"
 
@@ -105,7 +104,7 @@ class Node:
         self.pressure = PressureSampler(self, _instances(self.plugins.pressure_sources, env, "pressure source"))
         self.containers = ContainerSampler(self.plugins.container_stats)
         self.heap = HeapTrimmer(lambda: self.routing_log.total_recorded)
-        #: OpenTelemetry traces (hubpool_core/tracing.py): None unless OTEL_TRACES_EXPORTER asks
+        #: OpenTelemetry traces (hubpool_core/telemetry/tracing.py): None unless OTEL_TRACES_EXPORTER asks
         self.tracer: tracing.NodeTracer | None = None
 
     def housekeeping(self) -> None:

@@ -15,9 +15,9 @@ from typing import Any
 
 import httpx
 
-from hubpool_core.addresses import AddressRefused, candidate_urls, parse_address, resolve_checked
-from hubpool_core.peer_client import HANDSHAKE_TIMEOUT_S, PeerAuthError
-from hubpool_core.peers import (
+from hubpool_core.peering.addresses import AddressRefused, candidate_urls, parse_address, resolve_checked
+from hubpool_core.peering.client import HANDSHAKE_TIMEOUT_S, PeerAuthError
+from hubpool_core.peering.peers import (
     MAX_PENDING_INBOUND_REQUESTS,
     new_token,
     public_peer,
@@ -25,7 +25,7 @@ from hubpool_core.peers import (
     token_hash,
     utcnow,
 )
-from hubpool_core.signing import normalize_peer_fqdn, verify_key_from_spki
+from hubpool_core.peering.signing import normalize_peer_fqdn, verify_key_from_spki
 from hubpool_core.store import PoolPeer
 
 log = logging.getLogger("hubpool.pairing")

@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 
 from hubpool_core.directory import Directory, DirectoryCandidate
-from hubpool_core.signing import normalize_peer_fqdn
+from hubpool_core.peering.signing import normalize_peer_fqdn
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ _MAX_CONCURRENT_PROBES = 32
 class DiscoverablePeer:
     """One merged pairing candidate: the wire shape ``DiscoverablePoolPeer`` (protocol.md §2a).
 
-    ``nodeFqdn`` is the normalised name (:func:`~hubpool_core.signing.normalize_peer_fqdn`),
+    ``nodeFqdn`` is the normalised name (:func:`~hubpool_core.peering.signing.normalize_peer_fqdn`),
     the one thing pairing uses. ``tailscaleDeviceId`` is the winning directory's device id,
     ``""`` when no directory had one (never absent on the wire); display only. ``hostname``
     is display only. ``source`` is ``None`` for a tailnet directory's entry and the directory
@@ -126,7 +126,7 @@ def merge_candidates(lists: Iterable[list[DirectoryCandidate]],
                      tailnet_sources: Set[str] = frozenset()) -> list[DiscoverablePeer]:
     """Fold every directory's candidates into one entry per node, sorted by ``nodeFqdn``.
 
-    The fold key is :func:`~hubpool_core.signing.normalize_peer_fqdn` of the candidate's name
+    The fold key is :func:`~hubpool_core.peering.signing.normalize_peer_fqdn` of the candidate's name
     (``HUB-B.example.ts.net.`` and ``hub-b.example.ts.net`` are one node); a name that does not
     normalise — an IP literal, a scheme, a single label — is dropped, since it could never
     survive ``peers/pair``. Never folds on a UUID a far side claims: that would let a hostile

@@ -1,0 +1,7 @@
+"""What the node tells the operator about the work it did.
+
+- ``routing_log.py``: the bounded in-memory ring of routing decisions, with cursors
+  (never a prompt).
+- ``metrics.py``: the Prometheus series behind ``GET /metrics``.
+- ``tracing.py``: optional OpenTelemetry traces, off unless ``OTEL_TRACES_EXPORTER`` asks.
+"""
