@@ -37,12 +37,12 @@ def _fuzz_child(name: str, seconds: int, scratch: str) -> None:
     import atheris
 
     with atheris.instrument_imports(include=["hubpool_core", "fuzz"]):
-        import hubpool_core.peering.addresses  # noqa: F401 - imported under instrumentation
         import hubpool_core.engine  # noqa: F401
+        import hubpool_core.peering.addresses  # noqa: F401 - imported under instrumentation
         import hubpool_core.peering.guard  # noqa: F401
+        import hubpool_core.peering.signing  # noqa: F401
         import hubpool_core.proxy.output_check  # noqa: F401
         import hubpool_core.proxy.translate  # noqa: F401
-        import hubpool_core.peering.signing  # noqa: F401
         from fuzz.targets import TARGETS
     ARTIFACTS.mkdir(exist_ok=True)
     argv = [sys.argv[0], scratch, str(CORPUS / name), f"-max_total_time={seconds}",

@@ -12,11 +12,9 @@ import json
 import re
 from collections.abc import Callable
 
-from hubpool_core.peering.addresses import AddressRefused, parse_address, resolve_checked
 from hubpool_core.engine import NATIVE, OPENAI, Engine
+from hubpool_core.peering.addresses import AddressRefused, parse_address, resolve_checked
 from hubpool_core.peering.guard import PeerRefused, single_valued
-from hubpool_core.proxy.output_check import StreamJudge, degenerate, judge_whole
-from hubpool_core.proxy.translate import NativeToOpenAI
 from hubpool_core.peering.signing import (
     NODE_HEADER,
     NONCE_HEADER,
@@ -31,6 +29,8 @@ from hubpool_core.peering.signing import (
     spki_from_verify_key,
     verify_headers,
 )
+from hubpool_core.proxy.output_check import StreamJudge, degenerate, judge_whole
+from hubpool_core.proxy.translate import NativeToOpenAI
 
 
 def _is_final(dialect: str, frame: bytes) -> bool:

@@ -12,7 +12,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-
 #: Where the core applies the operator pin among the stages: stages ordered below run before
 #: it (affinity, the splits, contention), stages at or above it run after (the much-slower
 #: rule). Withheld engines are moved last by the core after every stage.

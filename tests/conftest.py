@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-
 from harness import RunningNode
+
 from hubpool_sim import SimConfig, SimModel, run_in_thread
 
 

@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import uvicorn
 
-from hubpool_core.node.app import create_app
 from hubpool_core.config import EnvSettings
+from hubpool_core.node.app import create_app
 from hubpool_core.node.node import Node
 
 #: engine URL variables pointed at a closed port unless a test names them, so a test

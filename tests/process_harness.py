@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
 from harness import ENGINE_VARS, closed_port_url, fqdn, tailnet_status_for
 
 P = "/api/inference/pool"

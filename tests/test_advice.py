@@ -9,8 +9,8 @@ import sys
 
 import httpx
 import pytest
-
 from harness import RunningNode, make_pool, pair
+
 from hubpool_sim import SimConfig, SimModel, run_in_thread
 
 P = "/api/inference/pool"

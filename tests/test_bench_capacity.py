@@ -14,9 +14,9 @@ import threading
 
 import pytest
 from aiohttp import web
-from hubpool_sim import SimConfig, SimModel, run_in_thread
-
 from harness import RunningNode
+
+from hubpool_sim import SimConfig, SimModel, run_in_thread
 
 MODEL = "cap:1b"
 SLOTS = 2

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from harness import RunningNode
+
 from hubpool_core.bench import procs
-from hubpool_core.bench.relay import CHAT, NATIVE_CHAT, LoadDriver, Report, Run, frames, judge_gate, Target
+from hubpool_core.bench.relay import CHAT, NATIVE_CHAT, LoadDriver, Report, Run, Target, frames, judge_gate
 from hubpool_core.bench.stub_engine import FAST, PACED, ndjson_frames, sse_frames
 
 

@@ -23,12 +23,12 @@ from dataclasses import asdict, dataclass
 
 import httpx
 import pytest
-
 from harness import RunningNode, fqdn
-from hubpool_sim import SimConfig, SimModel, run_in_thread
 from history import read_stream  # the same frame reading the fault suite reconciles with
-from raw_http import RawHttpServer, read_request, send_json
 from process_harness import make_process_pool, pair, wait_connected
+from raw_http import RawHttpServer, read_request, send_json
+
+from hubpool_sim import SimConfig, SimModel, run_in_thread
 
 MODEL = "llama3.2:3b"
 NAMES = ["hub-a", "hub-b", "hub-c"]

@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from harness import RunningNode
 
 COMMANDS = ["serve", "demo", "plugins", "status", "settings", "log", "bench", "bench placement", "api-key", "api-key create", "api-key list",

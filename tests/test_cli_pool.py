@@ -13,8 +13,8 @@ from contextlib import ExitStack
 
 import httpx
 import pytest
-
 from harness import RunningNode, fqdn, make_pool, pair
+
 from hubpool_core.cli.format import counts_line, peer_context, peer_engines, peer_status
 from hubpool_core.cli.log_commands import annotations
 from hubpool_core.cli.status_commands import _peers

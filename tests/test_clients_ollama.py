@@ -107,7 +107,6 @@ def test_upstream_hub_pool_headers_are_dropped(tmp_path):
     import threading
 
     from aiohttp import web
-
     from harness import RunningNode
 
     async def models(_request):
@@ -155,6 +154,7 @@ def test_translated_stream_cut_by_the_engine_stays_cut(tmp_path):
     import json
 
     from harness import RunningNode
+
     from hubpool_sim import SimConfig, SimModel, run_in_thread
 
     with run_in_thread(SimConfig(flavor="vllm", models=[SimModel("qwen3:8b", window=8192)])) as sim:

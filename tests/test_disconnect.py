@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import httpx
 import pytest
-
 from harness import RunningNode, wait_until
+
 from hubpool_sim import SimConfig, SimModel, run_in_thread
 
 

@@ -15,6 +15,9 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
+from hubpool_portal import PortalDirectory
+from hubpool_tailscale_admin import TailscaleAdminDirectory
+from hubpool_tailscale_daemon import TailscaleDaemonDirectory
 
 from hubpool_core.directory import Directory, DirectoryCandidate
 from hubpool_core.peering.discovery import (
@@ -25,9 +28,6 @@ from hubpool_core.peering.discovery import (
     merge_candidates,
     probe_identify,
 )
-from hubpool_portal import PortalDirectory
-from hubpool_tailscale_admin import TailscaleAdminDirectory
-from hubpool_tailscale_daemon import TailscaleDaemonDirectory
 
 STATUS_JSON = Path(__file__).parent / "data" / "tailscale_status.json"
 SUFFIX = "example-tailnet.ts.net"

@@ -3,8 +3,8 @@
 from starlette.requests import Request
 
 from hubpool_core.api.peers import caller_source_ip
-from hubpool_core.node.server import make_config
 from hubpool_core.config import EnvSettings
+from hubpool_core.node.server import make_config
 
 
 def _request(client: str, headers: dict[str, str]) -> Request:

@@ -7,7 +7,10 @@ import asyncio
 import time
 
 from harness import RunningNode, wait_until
+
 from hubpool_core.node import heap_trim
+
+
 def test_a_running_node_trims_after_requests_and_not_while_idle(tmp_path, ollama_sim, monkeypatch):
     monkeypatch.setattr(heap_trim, "TRIM_INTERVAL_S", 0.05)
     with RunningNode(tmp_path / "n", {"OLLAMA_URL": ollama_sim.url}) as n:

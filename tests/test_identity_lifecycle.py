@@ -9,9 +9,9 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from harness import fqdn, make_pool
 from sqlalchemy import update
 
-from harness import fqdn, make_pool
 from hubpool_core.peering.peers import utcnow
 from hubpool_core.store import identity_table
 

@@ -17,7 +17,6 @@ import threading
 import time
 
 import httpx
-
 from harness import RunningNode
 from raw_http import RawHttpServer, read_request, send_json
 

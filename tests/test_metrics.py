@@ -9,14 +9,14 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
+from harness import fqdn, make_pool, pair
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
-from harness import fqdn, make_pool, pair
-from hubpool_core.telemetry.metrics import BUCKETS, REASON_KINDS, NodeMetrics, reason_kind
 from hubpool_core.placement.quarantine import Quarantine
+from hubpool_core.telemetry.metrics import BUCKETS, REASON_KINDS, NodeMetrics, reason_kind
 from hubpool_core.telemetry.routing_log import RoutingLog
 from hubpool_sim import SimConfig, SimModel, run_in_thread
 

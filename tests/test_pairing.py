@@ -9,7 +9,6 @@ import sys
 import time
 
 import pytest
-
 from harness import fqdn, make_pool
 
 P = "/api/inference/pool"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from harness import fqdn, make_pool
+
 from hubpool_core.peering.peers import open_token
 from hubpool_core.peering.signing import sign_headers
 

@@ -97,8 +97,9 @@ def test_a_pin_only_reorders(loads, target, pin_local):
 def test_with_affinity_0_and_contention_off_placement_is_the_base_rankers(specs, local_load, with_local, prompt):
     import os
 
-    from hubpool_core.placement import PlacementContext, run_stages
     from hubpool_stages import LocalContentionStage, PrefixAffinityStage
+
+    from hubpool_core.placement import PlacementContext, run_stages
 
     peers = [peer(i, *spec) for i, spec in enumerate(specs)]
     load = Load()

@@ -11,7 +11,6 @@ import textwrap
 from pathlib import Path
 
 import httpx
-
 from harness import RunningNode
 
 FIRST_PARTY = {"ollama", "vllm", "llamacpp", "lemonade", "omlx", "tailscale_daemon", "tailscale_admin",

@@ -10,13 +10,13 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
-
 from harness import fqdn, make_pool, pair
 from hubpool_amd_drm.source import AmdDrmPressure
+from hubpool_host_file.source import HostFilePressure
+
 from hubpool_core.signals.containers import clamp_containers
 from hubpool_core.signals.pressure_bands import BandQuantiser
 from hubpool_core.signals.pressure_sampler import PressureSampler
-from hubpool_host_file.source import HostFilePressure
 from hubpool_sim import SimConfig, SimModel, run_in_thread
 
 P = "/api/inference/pool"

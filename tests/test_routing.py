@@ -9,8 +9,8 @@ from contextlib import ExitStack
 
 import httpx
 import pytest
-
 from harness import RunningNode, fqdn, make_pool
+
 from hubpool_sim import SimConfig, SimModel, run_in_thread
 
 P = "/api/inference/pool"

@@ -10,8 +10,8 @@ import sys
 import time
 
 import httpx
-
 from harness import ENGINE_VARS, closed_port_url
+
 from hubpool_sim import SimConfig, SimModel, run_in_thread
 
 

@@ -15,8 +15,8 @@ import time
 
 import pytest
 import uvicorn
-
 from harness import ENGINE_VARS, closed_port_url
+
 from hubpool_core.bench import procs
 from hubpool_core.bench.stub_engine import FAST, PACED
 from hubpool_core.cli.main import serve_arguments

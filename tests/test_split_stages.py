@@ -9,9 +9,9 @@ from contextlib import ExitStack
 
 import httpx
 import pytest
-
 from harness import fqdn, make_pool
 from harness import pair as pair_nodes
+
 from hubpool_sim import SimConfig, SimModel, run_in_thread
 from hubpool_sim.testing import wait_until
 

@@ -4,8 +4,8 @@ the engine's own timings, advertised in capabilities, and seen by a peer."""
 from __future__ import annotations
 
 import httpx
-
 from harness import fqdn, make_pool, pair
+
 from hubpool_sim import SimConfig, SimModel, run_in_thread
 
 P = "/api/inference/pool"

@@ -8,9 +8,6 @@ import math
 from types import SimpleNamespace
 
 import pytest
-
-from hubpool_core.placement import Candidate, Load, PlacementContext, run_stages
-from hubpool_core.placement.throughput import ThroughputStore
 from hubpool_stages import (
     ContextCapStage,
     LocalContentionStage,
@@ -20,6 +17,9 @@ from hubpool_stages import (
     SlowerPlacementStage,
     ThroughputStage,
 )
+
+from hubpool_core.placement import Candidate, Load, PlacementContext, run_stages
+from hubpool_core.placement.throughput import ThroughputStore
 
 MODEL = "qwen3-coder:30b"
 

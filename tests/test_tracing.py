@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+from harness import ENGINE_VARS, RunningNode, closed_port_url, fqdn, make_pool, pair
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -27,7 +28,6 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 from opentelemetry.proto.trace.v1.trace_pb2 import Status as PbStatus
 
-from harness import ENGINE_VARS, RunningNode, closed_port_url, fqdn, make_pool, pair
 from hubpool_core.telemetry import tracing
 from hubpool_sim import SimConfig, SimModel, run_in_thread
 

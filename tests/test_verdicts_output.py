@@ -10,10 +10,10 @@ from contextlib import ExitStack
 
 import httpx
 import pytest
+from harness import RunningNode, make_pool, pair
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness import RunningNode, make_pool, pair
 from hubpool_core.placement import Candidate, PlacementContext, run_stages
 from hubpool_sim import SimConfig, SimModel, run_in_thread
 

@@ -12,7 +12,7 @@ import hmac
 import os
 import secrets
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from sqlalchemy import insert, select, update
@@ -93,7 +93,7 @@ class KeyStore:
             if row is None or row.revoked_at is not None:
                 return None
             conn.execute(update(api_key_table).where(api_key_table.c.id == row.id)
-                         .values(last_used_at=datetime.now(timezone.utc)))
+                         .values(last_used_at=datetime.now(UTC)))
             return Principal(row.scope, row.id)
 
     def create(self, name: str, scope: str) -> tuple[ApiKey, str]:
@@ -122,7 +122,7 @@ class KeyStore:
                 if len(rows) > 1:
                     raise LookupError(f"{ident!r} matches {len(rows)} keys; use the full id")
                 return None
-            rows[0].revoked_at = datetime.now(timezone.utc)
+            rows[0].revoked_at = datetime.now(UTC)
             conn.execute(update(api_key_table).where(api_key_table.c.id == rows[0].id)
                          .values(revoked_at=rows[0].revoked_at))
             return rows[0]
@@ -144,5 +144,5 @@ def _iso(value: datetime | None) -> str | None:
     if value is None:
         return None
     if value.tzinfo is None:
-        value = value.replace(tzinfo=timezone.utc)
-    return value.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+        value = value.replace(tzinfo=UTC)
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -10,8 +11,8 @@ from hubpool_core.api.inference import _guard, pool_offers
 from hubpool_core.api.operator import _operator
 from hubpool_core.config import PREFERENCE_KEYS, SettingsError
 from hubpool_core.node.doctor import ACTION, run_checks
-from hubpool_core.placement.handout import build_handout
 from hubpool_core.placement import usable_peers
+from hubpool_core.placement.handout import build_handout
 
 
 async def get_preferences(request: Request) -> Response:

@@ -15,7 +15,6 @@ from fastapi.responses import JSONResponse, Response
 from hubpool_core import __version__
 from hubpool_core.access.guards import inference_refusal
 from hubpool_core.engine import NATIVE, OPENAI
-from hubpool_core.signals.local_engines import PLACEMENT_BUDGET_MS, LocalBackend, listing_backends
 from hubpool_core.models_ids import fold_model_id, same_model
 from hubpool_core.placement import (
     JUDGED_ROUTES,
@@ -29,6 +28,7 @@ from hubpool_core.placement import (
     usable_peers,
 )
 from hubpool_core.proxy.relay import LOCAL_PREFIX, RelayPlan, RelayResponse
+from hubpool_core.signals.local_engines import PLACEMENT_BUDGET_MS, LocalBackend, listing_backends
 
 POOL_PREFIX = "/api/inference/pool"
 

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from hubpool_core.access.guards import PROVENANCE_HEADERS, bearer, operator_refusal, parse_ip
 from hubpool_core.telemetry.metrics import CONTENT_TYPE, install
 
+
 def from_loopback(client_ip: str | None, headers: dict[str, str]) -> bool:
     """A loopback caller with no provenance header and only loopback forwarding hops."""
     def loopback(value: str | None) -> bool:

@@ -8,18 +8,17 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-
-from hubpool_core.access.guards import operator_refusal
 from pydantic import ValidationError
 
+from hubpool_core.access.guards import operator_refusal
 from hubpool_core.config import Pin, SettingsError
 from hubpool_core.node.directions import resolve_directions
-from hubpool_core.signals.containers import clamp_containers
-from hubpool_core.placement.handout import effective_ceiling
 from hubpool_core.peering.peers import public_peer
-from hubpool_core.placement import is_fresh
-from hubpool_core.signals.pressure_bands import read_band, wire_source_name
 from hubpool_core.peering.signing import normalize_peer_fqdn
+from hubpool_core.placement import is_fresh
+from hubpool_core.placement.handout import effective_ceiling
+from hubpool_core.signals.containers import clamp_containers
+from hubpool_core.signals.pressure_bands import read_band, wire_source_name
 from hubpool_core.telemetry.routing_log import MAX_CAPACITY, parse_since
 
 P = "/api/inference/pool"

@@ -5,21 +5,21 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from hubpool_core.access.guards import PROVENANCE_HEADERS
-from hubpool_core.peering.addresses import AddressRefused, candidate_urls, parse_address, resolve_checked
 from hubpool_core.api.operator import _operator
-from hubpool_core.peering.discovery import MIN_PAIR_BY_ADDRESS_PROTOCOL, discover, probe_identify
-from hubpool_core.peering.pairing import PairingError
+from hubpool_core.peering.addresses import AddressRefused, candidate_urls, parse_address, resolve_checked
 from hubpool_core.peering.client import PeerAuthError
+from hubpool_core.peering.discovery import MIN_PAIR_BY_ADDRESS_PROTOCOL, discover, probe_identify
 from hubpool_core.peering.guard import PeerRefused, admit
-from hubpool_core.signals.containers import clamp_containers
+from hubpool_core.peering.pairing import PairingError
 from hubpool_core.peering.peers import public_peer
+from hubpool_core.signals.containers import clamp_containers
 from hubpool_core.store import PoolPeer
 
 log = logging.getLogger("hubpool.api.peers")
@@ -284,7 +284,7 @@ async def mint_pin(request: Request) -> Response:
     message = node.directions().describe_master()
     if message:
         raise PairingError(503, message)
-    now = int(datetime.now(timezone.utc).timestamp() * 1000)
+    now = int(datetime.now(UTC).timestamp() * 1000)
     digits, expires = node.pairing_pin.mint(now)
     identity = node.identity.get()
     log.info("pairing PIN minted; it expires in 10 minutes")  # never the digits
@@ -306,7 +306,7 @@ async def rotate(request: Request) -> Response:
 
 
 def _iso_ms(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def build_router() -> APIRouter:

@@ -18,8 +18,9 @@ import asyncio
 import json
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import aiohttp
 
@@ -153,7 +154,7 @@ async def run_step(session: aiohttp.ClientSession, url: str, route: str, model: 
                     return
                 step.ttft_ms.append((first - t0) * 1000)
                 step.total_ms.append((end - t0) * 1000)
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 step.failed += 1
                 step.errors.append(f"{type(exc).__name__}: {exc}")
                 return

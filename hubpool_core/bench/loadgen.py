@@ -92,7 +92,7 @@ class LoadGen:
                         if backend:
                             served_by.add(backend)
                         rows.append((t1 - t0, t2 - t0, True))
-                except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                     if len(errors) < 5:
                         errors.append(f"{type(exc).__name__}: {exc}")
                     rows.append((0.0, time.perf_counter() - t0, False))

@@ -22,9 +22,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from hubpool_core.bench import procs
 from hubpool_core.bench.stub_engine import FAST, PACED

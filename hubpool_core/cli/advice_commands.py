@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import json
-from typing import Optional
 from urllib.parse import urlencode
 
 import typer
 
-from hubpool_core.cli.commands import JsonOption, UrlOption, _client, _fail, app, out
 from hubpool_core.cli.client import NodeError
+from hubpool_core.cli.commands import JsonOption, UrlOption, _client, _fail, app, out
 
 MARK = {"ready": "✓", "warning": "!", "needs action": "✗"}
 
 
 @app.command()
-def doctor(url: Optional[str] = UrlOption, as_json: bool = JsonOption) -> None:
+def doctor(url: str | None = UrlOption, as_json: bool = JsonOption) -> None:
     """Check whether this node can pool and peers will reach it; exits 1 when something needs action."""
     try:
         data = _client(url).get("/api/inference/pool/doctor")
@@ -34,10 +33,10 @@ def doctor(url: Optional[str] = UrlOption, as_json: bool = JsonOption) -> None:
 
 @app.command()
 def handout(tools: bool = typer.Option(False, "--tools", help="The client needs tool calling."),
-            min_context: Optional[int] = typer.Option(None, "--min-context", min=1,
+            min_context: int | None = typer.Option(None, "--min-context", min=1,
                                                       help="The smallest context window the client accepts."),
             env_lines: bool = typer.Option(False, "--env", help="Print only KEY=VALUE lines for a .env file."),
-            url: Optional[str] = UrlOption, as_json: bool = JsonOption) -> None:
+            url: str | None = UrlOption, as_json: bool = JsonOption) -> None:
     """Say what a client should be configured with: base URLs, the model, and num_ctx."""
     query = {"tools": "true"} if tools else {}
     if min_context:
@@ -62,7 +61,7 @@ def handout(tools: bool = typer.Option(False, "--tools", help="The client needs 
     out.print("\n" + "\n".join(f"{k}={v}" for k, v in data["env"].items()), highlight=False)
 
 
-def _state(url: Optional[str], value: str, what: str, path: str, key: str, label: str, absent: str) -> None:
+def _state(url: str | None, value: str, what: str, path: str, key: str, label: str, absent: str) -> None:
     """Write one number-or-clear statement and print what the node now holds."""
     if value == "clear":
         number = None
@@ -79,14 +78,14 @@ def _state(url: Optional[str], value: str, what: str, path: str, key: str, label
 
 @app.command()
 def ceiling(value: str = typer.Argument(..., help="Largest estimated prompt in tokens (1024–1048576), or `clear`."),
-            url: Optional[str] = UrlOption) -> None:
+            url: str | None = UrlOption) -> None:
     """Set this node's prompt ceiling (poolMaxPromptTokens): longer prompts go elsewhere first."""
     _state(url, value, "ceiling", "/api/inference/pool/settings", "poolMaxPromptTokens", "Prompt ceiling", "none")
 
 
 @app.command("context-cap")
 def context_cap(value: str = typer.Argument(..., help="The engine's context length (num_ctx), or `clear`."),
-                url: Optional[str] = UrlOption) -> None:
+                url: str | None = UrlOption) -> None:
     """State this node's context cap (maxNumCtx): the window its engine runs without reloading."""
     _state(url, value, "context-cap", "/api/inference/preferences", "maxNumCtx", "Context cap", "none")
 
@@ -94,6 +93,6 @@ def context_cap(value: str = typer.Argument(..., help="The engine's context leng
 @app.command()
 def slots(value: str = typer.Argument(..., help="Requests the engine runs at once (its parallel-slots setting), "
                                                 "or `clear`."),
-          url: Optional[str] = UrlOption) -> None:
+          url: str | None = UrlOption) -> None:
     """State how many requests this node's engine runs at once (ollamaSlots)."""
     _state(url, value, "slots", "/api/inference/preferences", "ollamaSlots", "Slots", "not stated")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from types import SimpleNamespace
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -30,7 +30,7 @@ def _pool(size: int, kinds: list[str]):  # noqa: ANN202 - synthetic peers, every
                 "backends": [{"type": kinds[i % len(kinds)], "healthy": True, "modelsLoaded": ["m:8b"]}]}
         peers.append(PoolPeer(id=f"p{i}", node_fqdn=f"node-{i}.example.ts.net", direction="outbound",
                               status="connected", enabled=True, last_capabilities=caps,
-                              last_seen_at=datetime.now(timezone.utc)))
+                              last_seen_at=datetime.now(UTC)))
     return peers
 
 
@@ -133,9 +133,9 @@ def _summary_table(rows: list[dict]) -> None:
 def relay(quick: bool = typer.Option(False, "--quick", help="Short counts (about 1–2 minutes), for CI and a first look."),
           gate: bool = typer.Option(False, "--gate", help="The CI gate: a short run asserting loose ratios; exit 1 "
                                                           "when one fails."),
-          rounds: Optional[int] = typer.Option(None, "--rounds", min=1, max=50,
+          rounds: int | None = typer.Option(None, "--rounds", min=1, max=50,
                                                help="Interleaved rounds per scenario (default 3, full run 5)."),
-          duration: Optional[float] = typer.Option(None, "--duration", min=1, max=600,
+          duration: float | None = typer.Option(None, "--duration", min=1, max=600,
                                                    help="Cap in seconds on any single run (default 20, full 60)."),
           pace_ms: float = typer.Option(20.0, "--pace-ms", min=1, max=1000, help="Paced streams: ms per token."),
           nginx: bool = typer.Option(True, "--nginx/--no-nginx", help="Compare with nginx when it is installed."),
@@ -171,7 +171,7 @@ def relay(quick: bool = typer.Option(False, "--quick", help="Short counts (about
 
 @bench_app.command("capacity")
 def capacity(model: str = typer.Option(..., "--model", "-m", help="The model to load."),
-             url: Optional[str] = typer.Option(None, "--url",
+             url: str | None = typer.Option(None, "--url",
                                                help="A node's base URL (through the pool), or an engine's "
                                                     "(the engine alone). Default: this machine's node."),
              route: str = typer.Option("/v1/chat/completions", "--route",
@@ -182,7 +182,7 @@ def capacity(model: str = typer.Option(..., "--model", "-m", help="The model to 
                                        help="The percentile of time to first token held to the SLO."),
              max_concurrency: int = typer.Option(64, "--max-concurrency", min=1, max=4096,
                                                  help="The highest level tried (levels double up to it)."),
-             levels: Optional[str] = typer.Option(None, "--levels", help="Explicit levels, e.g. 1,2,3,4,6,8."),
+             levels: str | None = typer.Option(None, "--levels", help="Explicit levels, e.g. 1,2,3,4,6,8."),
              duration: float = typer.Option(10.0, "--duration", min=0.5, max=600,
                                             help="Seconds of load at each level."),
              prompt_tokens: int = typer.Option(256, "--prompt-tokens", min=1, max=200_000,
@@ -191,7 +191,7 @@ def capacity(model: str = typer.Option(..., "--model", "-m", help="The model to 
              shared_prefix: bool = typer.Option(False, "--shared-prefix",
                                                 help="Byte-identical prompts (a prefix cache's best case) instead "
                                                      "of unique ones."),
-             api_key: Optional[str] = typer.Option(None, "--api-key", envvar="HUB_POOL_BENCH_API_KEY",
+             api_key: str | None = typer.Option(None, "--api-key", envvar="HUB_POOL_BENCH_API_KEY",
                                                    help="An inference key, when the node wants one from here."),
              as_json: bool = JsonOption) -> None:
     """Raise concurrency until time to first token breaks the SLO; report the last level that met it."""

@@ -7,8 +7,8 @@ from typing import Any
 
 import httpx
 
-from hubpool_core.config import EnvSettings
 from hubpool_core.access.credentials import read_operator_key
+from hubpool_core.config import EnvSettings
 
 GET_TIMEOUT_S = 10
 WRITE_TIMEOUT_S = 30

@@ -11,7 +11,7 @@ import json
 import logging
 import os
 import sys
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -44,7 +44,7 @@ def _fail(message: str, code: int = 1) -> None:
     raise typer.Exit(code)
 
 
-def _client(url: Optional[str]) -> NodeClient:
+def _client(url: str | None) -> NodeClient:
     try:
         return NodeClient.from_environment(url)
     except NodeError as exc:
@@ -54,7 +54,7 @@ def _client(url: Optional[str]) -> NodeClient:
 
 @app.command()
 def serve(
-    listen: Optional[str] = typer.Option(None, "--listen", help="host:port to listen on (default HUB_POOL_LISTEN, "
+    listen: str | None = typer.Option(None, "--listen", help="host:port to listen on (default HUB_POOL_LISTEN, "
                                                                 "127.0.0.1:5002)."),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
 ) -> None:
@@ -94,7 +94,7 @@ def plugins(as_json: bool = JsonOption) -> None:
 def settings_cmd(
     changes: list[str] = typer.Argument(None, help="KEY=VALUE pairs to change, e.g. poolLocalAffinity=2. "
                                                    "Values are JSON (true, 3, null)."),
-    url: Optional[str] = UrlOption,
+    url: str | None = UrlOption,
 ) -> None:
     """Show the pool settings, or change some: hubpool settings poolHealthPollSeconds=60."""
     client = _client(url)
@@ -133,7 +133,7 @@ def _keystore():  # noqa: ANN202
 def api_key_create(
     scope: str = typer.Option(..., "--scope", help="operator, inference (apps and editors) or qa:read "
                                                    "(status and routing log only)."),
-    name: Optional[str] = typer.Option(None, "--name", help="A label to recognise the key by."),
+    name: str | None = typer.Option(None, "--name", help="A label to recognise the key by."),
 ) -> None:
     """Mint a key; it is printed once and only its hash is kept."""
     from hubpool_core.access.credentials import SCOPES

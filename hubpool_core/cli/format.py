@@ -3,8 +3,9 @@ line and the peers table that `status` and `peers` both print (protocol.md §5c)
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 #: consecutive failed polls that mark a peer unreachable (hubpool_core.peering.health, spec: Recovery)
 UNREACHABLE_THRESHOLD = 3
@@ -22,8 +23,8 @@ def when(value: str | None, missing: str = "-") -> str:
     except ValueError:
         return value
     if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=timezone.utc)
-    return parsed.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 def flag(value: Any) -> str:

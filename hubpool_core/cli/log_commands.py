@@ -4,12 +4,12 @@ spec: Client hang-ups, A request no node can serve, A 200 that is not an answer)
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
-from hubpool_core.cli.format import counts_line, labelled, table, when
 from hubpool_core.cli.commands import UrlOption, _fail, app
+from hubpool_core.cli.format import counts_line, labelled, table, when
 from hubpool_core.cli.pairing_commands import _call
 
 P = "/api/inference/pool"
@@ -149,7 +149,7 @@ def _placement(e: dict[str, Any]) -> list[str]:
 @app.command("log")
 def log_cmd(
     limit: int = typer.Option(20, "--limit", help="How many recent decisions to show, from 1 to 200."),
-    url: Optional[str] = UrlOption,
+    url: str | None = UrlOption,
     as_json: bool = typer.Option(False, "--json", help="Print the node's routing-log answer as JSON instead "
                                                        "of text."),
 ) -> None:

@@ -6,15 +6,15 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any, Optional
+from typing import Any
 from urllib.parse import quote
 
 import typer
 from rich.table import Table
 
 from hubpool_core.cli.client import NodeError
-from hubpool_core.cli.format import peers_table, when
 from hubpool_core.cli.commands import JsonOption, UrlOption, _client, _fail, app, err, out
+from hubpool_core.cli.format import peers_table, when
 
 P = "/api/inference/pool"
 YesOption = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation (also HUB_POOL_ASSUME_YES=1).")
@@ -34,19 +34,19 @@ def _confirm(question: str, yes: bool) -> None:
         raise typer.Exit(1)
 
 
-def _call(url: Optional[str], method: str, path: str, body: Any = None) -> Any:
+def _call(url: str | None, method: str, path: str, body: Any = None) -> Any:
     try:
         return _client(url).request(method, path, body)
     except NodeError as exc:
         _fail(str(exc))
 
 
-def _when(value: Optional[str]) -> str:
+def _when(value: str | None) -> str:
     return when(value)
 
 
 @app.command()
-def discover(url: Optional[str] = UrlOption, as_json: bool = JsonOption) -> None:
+def discover(url: str | None = UrlOption, as_json: bool = JsonOption) -> None:
     """List unpaired Hubs this node can name (probes each candidate once)."""
     data = _call(url, "GET", P + "/peers/discoverable/full")
     if as_json:
@@ -68,7 +68,7 @@ def discover(url: Optional[str] = UrlOption, as_json: bool = JsonOption) -> None
 
 @app.command()
 def probe(address: str = typer.Argument(..., help="An address (192.168.1.42, 192.168.1.42:5002) or a hostname."),
-          url: Optional[str] = UrlOption, as_json: bool = JsonOption) -> None:
+          url: str | None = UrlOption, as_json: bool = JsonOption) -> None:
     """Check whether a Hub answers at a LAN address (learns no name; pair with a PIN)."""
     data = _call(url, "POST", P + "/peers/probe", {"address": address})
     if as_json:
@@ -85,7 +85,7 @@ def probe(address: str = typer.Argument(..., help="An address (192.168.1.42, 192
 
 
 @app.command("pairing-pin")
-def pairing_pin(url: Optional[str] = UrlOption) -> None:
+def pairing_pin(url: str | None = UrlOption) -> None:
     """Mint a six-digit pairing PIN (ten minutes, single use) for another Hub to pair with this one."""
     data = _call(url, "POST", P + "/pairing-pin")
     out.print(f"Pairing PIN: {data['pin']}  (expires {_when(data['expiresAt'])}; works once)")
@@ -95,7 +95,7 @@ def pairing_pin(url: Optional[str] = UrlOption) -> None:
 
 
 @app.command("cancel-pin")
-def cancel_pin(url: Optional[str] = UrlOption) -> None:
+def cancel_pin(url: str | None = UrlOption) -> None:
     """Cancel the outstanding pairing PIN."""
     _call(url, "DELETE", P + "/pairing-pin")
     out.print("Pairing PIN cancelled.")
@@ -103,9 +103,9 @@ def cancel_pin(url: Optional[str] = UrlOption) -> None:
 
 @app.command()
 def pair(node: str = typer.Argument(..., help="The other Hub's tailnet name, or a LAN address with --pin."),
-         pin: Optional[str] = typer.Option(None, "--pin", help="Six digits minted on the other Hub."),
-         name: Optional[str] = typer.Option(None, "--name", help="A display label for the peer."),
-         yes: bool = YesOption, url: Optional[str] = UrlOption) -> None:
+         pin: str | None = typer.Option(None, "--pin", help="Six digits minted on the other Hub."),
+         name: str | None = typer.Option(None, "--name", help="A display label for the peer."),
+         yes: bool = YesOption, url: str | None = UrlOption) -> None:
     """Send a pairing request; an operator on the other Hub approves it there."""
     from hubpool_core.peering.signing import normalize_peer_fqdn
 
@@ -124,7 +124,7 @@ def pair(node: str = typer.Argument(..., help="The other Hub's tailnet name, or 
 
 
 @app.command()
-def peers(url: Optional[str] = UrlOption,
+def peers(url: str | None = UrlOption,
           as_json: bool = typer.Option(False, "--json", help="Print the node's peer list as JSON instead of a "
                                                               "table.")) -> None:
     """List paired and pending peers, with the same columns as `hubpool status` plus AUTH
@@ -150,14 +150,14 @@ def peers(url: Optional[str] = UrlOption,
               f" (or `hubpool reject {r['id'][:8]}`).")
 
 
-def _peer_action(ident: str, action: str, url: Optional[str], method: str = "POST") -> Any:
+def _peer_action(ident: str, action: str, url: str | None, method: str = "POST") -> Any:
     suffix = "" if action == "" else "/" + action
     return _call(url, method, P + "/peers/" + quote(ident, safe="") + suffix)
 
 
 @app.command()
 def approve(peer_id: str = typer.Argument(..., help="ID prefix, full ID or node name (see `hubpool peers`)."),
-            yes: bool = YesOption, url: Optional[str] = UrlOption) -> None:
+            yes: bool = YesOption, url: str | None = UrlOption) -> None:
     """Approve a pending inbound pairing request."""
     _confirm(f"Approve the pairing request {peer_id}? Approve only Hubs you recognise.", yes)
     row = _peer_action(peer_id, "approve", url)
@@ -166,7 +166,7 @@ def approve(peer_id: str = typer.Argument(..., help="ID prefix, full ID or node 
 
 @app.command()
 def reject(peer_id: str = typer.Argument(..., help="ID prefix, full ID or node name."),
-           yes: bool = YesOption, url: Optional[str] = UrlOption) -> None:
+           yes: bool = YesOption, url: str | None = UrlOption) -> None:
     """Reject a pending inbound pairing request (the requester is told)."""
     _confirm(f"Reject the pairing request {peer_id}?", yes)
     _peer_action(peer_id, "reject", url)
@@ -175,7 +175,7 @@ def reject(peer_id: str = typer.Argument(..., help="ID prefix, full ID or node n
 
 @app.command()
 def unpair(peer_id: str = typer.Argument(..., help="ID prefix, full ID or node name."),
-           yes: bool = YesOption, url: Optional[str] = UrlOption) -> None:
+           yes: bool = YesOption, url: str | None = UrlOption) -> None:
     """Remove a peer (or cancel a request this node sent); the other Hub is told."""
     _confirm(f"Unpair {peer_id}?", yes)
     _peer_action(peer_id, "", url, method="DELETE")
@@ -184,7 +184,7 @@ def unpair(peer_id: str = typer.Argument(..., help="ID prefix, full ID or node n
 
 @app.command("peer-enable")
 def peer_enable(peer_id: str = typer.Argument(..., help="ID prefix, full ID or node name."),
-                url: Optional[str] = UrlOption) -> None:
+                url: str | None = UrlOption) -> None:
     """Exchange work with this peer again."""
     row = _peer_action(peer_id, "enable", url)
     out.print(f"{row['nodeFqdn']}: enabled.")
@@ -192,14 +192,14 @@ def peer_enable(peer_id: str = typer.Argument(..., help="ID prefix, full ID or n
 
 @app.command("peer-disable")
 def peer_disable(peer_id: str = typer.Argument(..., help="ID prefix, full ID or node name."),
-                 url: Optional[str] = UrlOption) -> None:
+                 url: str | None = UrlOption) -> None:
     """Stop exchanging work with this peer, keeping the pairing (instantly reversible)."""
     row = _peer_action(peer_id, "disable", url)
     out.print(f"{row['nodeFqdn']}: disabled (still paired).")
 
 
 @app.command("rotate-identity")
-def rotate_identity(yes: bool = YesOption, url: Optional[str] = UrlOption) -> None:
+def rotate_identity(yes: bool = YesOption, url: str | None = UrlOption) -> None:
     """Mint a new keypair (same UUID) and unpair every peer, telling each one first."""
     _confirm("Rotate this node's key? Every peer is unpaired and must pair again.", yes)
     data = _call(url, "POST", P + "/identity/rotate")

@@ -4,7 +4,7 @@ A pin reorders and never forces: its node goes first when it can serve the model
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any
 from urllib.parse import quote
 
 import typer
@@ -36,14 +36,14 @@ def resolve_peer(rows: list[dict[str, Any]], ident: str) -> dict[str, Any]:
     return matches[0]
 
 
-def _describe(scope: str, model: Optional[str]) -> str:
+def _describe(scope: str, model: str | None) -> str:
     return f"the pin for {model}" if scope == "model" else "the default pin (every model)"
 
 
 @app.command()
 def pin(target: str = typer.Argument(..., help="`local` for this node, or a peer: ID prefix, full ID or tailnet "
                                                "name (see `hubpool peers`)."),
-        model: Optional[str] = ModelOption, url: Optional[str] = UrlOption, as_json: bool = PinJson) -> None:
+        model: str | None = ModelOption, url: str | None = UrlOption, as_json: bool = PinJson) -> None:
     """Prefer a node for one model (--model) or for every model. Replaces an existing pin of
     the same scope; a pin reorders candidates and never makes a request fail."""
     body: dict[str, Any] = {"scope": "model" if model else "default", "targetKind": "local"}
@@ -66,7 +66,7 @@ def pin(target: str = typer.Argument(..., help="`local` for this node, or a peer
               "when it becomes available).")
 
 
-def _pin_state(url: Optional[str], body: dict[str, Any]) -> Optional[bool]:
+def _pin_state(url: str | None, body: dict[str, Any]) -> bool | None:
     """targetAvailable for the pin just written, or None when status could not be read."""
     try:
         status = _client(url).get(P + "/status")
@@ -79,9 +79,9 @@ def _pin_state(url: Optional[str], body: dict[str, Any]) -> Optional[bool]:
 
 
 @app.command()
-def unpin(model: Optional[str] = typer.Option(None, "--model", help="Remove the pin for this model id. Without "
+def unpin(model: str | None = typer.Option(None, "--model", help="Remove the pin for this model id. Without "
                                                                     "it, the default pin is removed."),
-          url: Optional[str] = UrlOption, as_json: bool = PinJson) -> None:
+          url: str | None = UrlOption, as_json: bool = PinJson) -> None:
     """Remove a routing pin; the ranker alone decides again."""
     scope = "model" if model else "default"
     before = _call(url, "GET", P + "/settings").get("poolPins") or []

@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
 from hubpool_core.cli.client import NodeError
-from hubpool_core.cli.format import counts_line, flag, labelled, peers_table, plural, table, when
 from hubpool_core.cli.commands import UrlOption, _client, _fail, app
+from hubpool_core.cli.format import counts_line, flag, labelled, peers_table, plural, table, when
 from hubpool_core.cli.pairing_commands import YesOption, _call, _confirm
 
 P = "/api/inference/pool"
@@ -228,7 +228,7 @@ def _peers(s: dict[str, Any]) -> list[str]:
 
 
 @app.command()
-def status(url: Optional[str] = UrlOption, as_json: bool = JsonText) -> None:
+def status(url: str | None = UrlOption, as_json: bool = JsonText) -> None:
     """Show whether pooling is on and which switch decides, this node, its pins and peers,
     and the routing-log counts."""
     data = _call(url, "GET", P + "/status")
@@ -240,7 +240,7 @@ def status(url: Optional[str] = UrlOption, as_json: bool = JsonText) -> None:
 
 # -- kill switches ---------------------------------------------------------------------
 
-def _switch(on: bool, outbound: bool, inbound: bool, yes: bool, url: Optional[str], as_json: bool) -> None:
+def _switch(on: bool, outbound: bool, inbound: bool, yes: bool, url: str | None, as_json: bool) -> None:
     if outbound and inbound:
         _fail("give at most one of --outbound and --inbound (without either, the master switch is changed)")
     direction = "outbound" if outbound else "inbound" if inbound else None
@@ -292,7 +292,7 @@ SwitchJson = typer.Option(False, "--json", help="Print the node's status after t
 
 @app.command()
 def enable(outbound: bool = OutboundOption, inbound: bool = InboundOption, yes: bool = YesOption,
-           url: Optional[str] = UrlOption, as_json: bool = SwitchJson) -> None:
+           url: str | None = UrlOption, as_json: bool = SwitchJson) -> None:
     """Turn pooling on (the master switch), or one direction with --outbound or --inbound.
     Says so when an environment flag keeps it off anyway."""
     _switch(True, outbound, inbound, yes, url, as_json)
@@ -300,7 +300,7 @@ def enable(outbound: bool = OutboundOption, inbound: bool = InboundOption, yes: 
 
 @app.command()
 def disable(outbound: bool = OutboundOption, inbound: bool = InboundOption, yes: bool = YesOption,
-            url: Optional[str] = UrlOption, as_json: bool = SwitchJson) -> None:
+            url: str | None = UrlOption, as_json: bool = SwitchJson) -> None:
     """Turn pooling off (the master switch), or one direction with --outbound or --inbound.
     Pairings are kept; `hubpool enable` undoes it."""
     _switch(False, outbound, inbound, yes, url, as_json)

@@ -10,31 +10,32 @@ from typing import Any
 
 import aiohttp
 
-from hubpool_core.config import EnvSettings, SettingsStore, env_int
 from hubpool_core.access.credentials import KeyStore
+from hubpool_core.config import EnvSettings, SettingsStore, env_int
+from hubpool_core.models_ids import fold_model_id
 from hubpool_core.node.directions import Directions, resolve_directions
-from hubpool_core.placement.handout import effective_ceiling
 from hubpool_core.node.heap_trim import HeapTrimmer
+from hubpool_core.peering.client import PeerClient
 from hubpool_core.peering.health import HealthPoller
 from hubpool_core.peering.identity import IdentityStore, node_secret_path
-from hubpool_core.signals.local_engines import LocalEngines, build_engines
 from hubpool_core.peering.pairing import Pairing
 from hubpool_core.peering.pairing_pin import PairingPin, SourceCooldown
-from hubpool_core.peering.client import PeerClient
 from hubpool_core.peering.peers import PeerRepo
-from hubpool_core.signals.containers import ContainerSampler
-from hubpool_core.models_ids import fold_model_id
+from hubpool_core.peering.signing import NonceCache
+from hubpool_core.peering.tailnet import Tailnet, peer_url_overrides
 from hubpool_core.placement import TIER_RANK, Load
+from hubpool_core.placement.handout import effective_ceiling
 from hubpool_core.placement.quarantine import Quarantine
 from hubpool_core.placement.throughput import ThroughputStore
-from hubpool_core.signals.pressure_sampler import PressureSampler
 from hubpool_core.plugins import PluginHost, load_plugins
 from hubpool_core.proxy.relay import Budgets, ReuseAwareConnector
-from hubpool_core.telemetry.routing_log import DEFAULT_CAPACITY, MAX_CAPACITY, RoutingLog, now_iso
-from hubpool_core.peering.signing import NonceCache
+from hubpool_core.signals.containers import ContainerSampler
+from hubpool_core.signals.local_engines import LocalEngines, build_engines
+from hubpool_core.signals.pressure_sampler import PressureSampler
 from hubpool_core.store import Database
-from hubpool_core.peering.tailnet import Tailnet, peer_url_overrides
 from hubpool_core.telemetry import tracing
+from hubpool_core.telemetry.routing_log import DEFAULT_CAPACITY, MAX_CAPACITY, RoutingLog, now_iso
+
 #: a development switch so several nodes can pair by address on one machine; off by default
 ALLOW_LOOPBACK_PEERS_VAR = "HUB_POOL_DEV_ALLOW_LOOPBACK_PEERS"
 

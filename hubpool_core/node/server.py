@@ -10,8 +10,8 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from hubpool_core.node.app import create_app
 from hubpool_core.config import EnvSettings
+from hubpool_core.node.app import create_app
 from hubpool_core.node.node import Node
 from hubpool_core.store.db import migrate_apart
 

@@ -390,7 +390,7 @@ async def resolve_checked(
     resolve = resolver or _system_resolver
     try:
         answers = list(await asyncio.wait_for(resolve(target.host), timeout_s))
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise AddressUnresolvable(f"{target.host} did not resolve within {timeout_s:g} s; check the name, or give the Hub's IP address.") from None
     except (OSError, UnicodeError) as exc:  # socket.gaierror is an OSError
         why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__

@@ -9,7 +9,7 @@ control calls, off the relay's hot path.
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -53,7 +53,7 @@ class PeerClient:
         """During the upgrade's grace window the side that learned the key from a request
         keeps presenting its bearer: it cannot know its own reply arrived."""
         grace = aware(row.bearer_grace_until)
-        return (grace is not None and grace > datetime.now(timezone.utc) and bool(row.present_token_encrypted)
+        return (grace is not None and grace > datetime.now(UTC) and bool(row.present_token_encrypted)
                 and not self.node.settings.current.poolRequireSignedPeers and not prefer_signed)
 
     async def auth_headers(self, row: PoolPeer, method: str, path: str, body: Any,

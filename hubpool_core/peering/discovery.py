@@ -236,7 +236,7 @@ async def probe_identify(
 
     try:
         return await asyncio.wait_for(exchange(), timeout_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return _verdict(False, None, "unreachable")
     except Exception as exc:  # httpx errors, a bad URL, a socket error: never break the caller
         log.debug("identify probe of %s failed: %s", url, type(exc).__name__)

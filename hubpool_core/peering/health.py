@@ -12,15 +12,15 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 
 from hubpool_core.config import env_int
 from hubpool_core.models_ids import fold_model_id
-from hubpool_core.peering.client import PeerAuthError
 from hubpool_core.node.periodic import Periodic
+from hubpool_core.peering.client import PeerAuthError
 from hubpool_core.peering.peers import aware, iso, utcnow
 from hubpool_core.peering.signing import REFUSAL_HEADER, REFUSAL_IDENTITY_MISMATCH
 from hubpool_core.store import PoolPeer
@@ -55,7 +55,7 @@ class ProbeFailure:
 
     def as_json(self) -> dict[str, Any]:
         def at(t: float | None) -> str | None:
-            return iso(datetime.fromtimestamp(t, timezone.utc)) if t else None
+            return iso(datetime.fromtimestamp(t, UTC)) if t else None
 
         return {"kind": self.kind, "httpStatus": self.http_status, "detail": self.detail, "since": at(self.since),
                 "lastAttemptAt": at(self.last_attempt_at), "attempts": self.attempts,

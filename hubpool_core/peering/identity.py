@@ -39,7 +39,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from nacl.secret import SecretBox
@@ -224,7 +224,7 @@ class IdentityStore:
                 conn.execute(update(identity_table).where(identity_table.c.id == "self").values(
                     public_key=public_key,
                     private_key_encrypted=seal_private_key(secret, row.node_uuid, pkcs8_from_signing_key(signing_key)),
-                    rotated_at=datetime.now(timezone.utc),
+                    rotated_at=datetime.now(UTC),
                 ))
                 keypair = Keypair(row.node_uuid, public_key, signing_key)
             self._cached = keypair

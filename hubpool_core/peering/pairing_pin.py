@@ -26,7 +26,7 @@ import hmac
 import secrets
 import threading
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 __all__ = [
@@ -67,7 +67,7 @@ COOLDOWN_MAX_MS = 900_000
 
 def iso_from_ms(ms: int) -> str:
     """JavaScript ``new Date(ms).toISOString()``: ``YYYY-MM-DDTHH:MM:SS.mmmZ`` in UTC."""
-    moment = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(milliseconds=ms)
+    moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 

@@ -30,8 +30,8 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Mapping
-from functools import lru_cache
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from nacl.exceptions import CryptoError

@@ -14,12 +14,12 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
-from hubpool_core.signals.local_engines import LocalBackend
 from hubpool_core.models_ids import fold_model_id, same_model
 from hubpool_core.peering.peers import aware
+from hubpool_core.signals.local_engines import LocalBackend
 from hubpool_core.signals.pressure_bands import UNKNOWN_PRESSURE, read_band
 from hubpool_core.store import PoolPeer
 
@@ -355,4 +355,4 @@ def choose_auto_model(offers: dict[str, set[str]], preferred: str | None) -> str
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -26,6 +26,8 @@ from hubpool_core.engine import OPENAI, REQUEST_ERROR_SIGNATURES
 from hubpool_core.models_ids import fold_model_id, same_model
 from hubpool_core.peering.client import PeerAuthError
 from hubpool_core.placement import Candidate
+from hubpool_core.placement.quarantine import DROPPED
+from hubpool_core.placement.throughput import MIN_PROMPT_TOKENS
 from hubpool_core.proxy.output_check import (
     COMPLETION_ROUTES,
     MAX_JUDGED_BODY_BYTES,
@@ -34,8 +36,6 @@ from hubpool_core.proxy.output_check import (
     judge_whole,
 )
 from hubpool_core.proxy.translate import NativeToOpenAI
-from hubpool_core.placement.quarantine import DROPPED
-from hubpool_core.placement.throughput import MIN_PROMPT_TOKENS
 
 log = logging.getLogger("hubpool.relay")
 
@@ -354,7 +354,7 @@ class RelayResponse(Response):
             _SEND.reset(token)
         remaining = budget_s - (time.monotonic() - attempt_started)
         if remaining <= 0:
-            raise asyncio.TimeoutError()
+            raise TimeoutError()
         # _open again: a peer's signature carries a nonce, which is never sent twice
         request, translator = await self._open(cand)
         token = _SEND.set(_Send(fresh=True))
@@ -432,7 +432,7 @@ class RelayResponse(Response):
                                reason=f"the app closed its connection after {waited} ms; {cand.node} had not "
                                       "answered yet")
                     return
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     if plan.stream and plan.route in COMPLETION_ROUTES:
                         self.node.throughput.record_deadline_miss(cand.node, cand.backend, fold_model_id(plan.model),
                                                                   plan.estimated_tokens, plan.budget_ms)
@@ -509,7 +509,7 @@ class RelayResponse(Response):
             return None
         try:
             body = await self._until(upstream.content.read(VERDICT_BODY_LIMIT + 1), gone, VERDICT_READ_S)
-        except (asyncio.TimeoutError, aiohttp.ClientError):
+        except (TimeoutError, aiohttp.ClientError):
             return None
         if len(body) > VERDICT_BODY_LIMIT:
             return None

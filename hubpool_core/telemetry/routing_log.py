@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import OrderedDict, deque
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 DEFAULT_CAPACITY = 200
@@ -148,7 +148,7 @@ class RoutingLog:
             kept = matched[:limit]  # a cut cursor page keeps the oldest changes
             next_since = max((updated(r) for r in kept), default=None)
             if next_since is None:
-                next_since = since.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+                next_since = since.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
             page = sorted(kept, key=at, reverse=True)
         return {"entries": [self._as_dict(r) for r in page], "summary": self.summary(), "matched": len(matched),
                 "nextSince": next_since}

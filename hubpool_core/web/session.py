@@ -102,7 +102,7 @@ class SessionStore:
             self._sessions.pop(sid, None)
 
 
-_STORES: "weakref.WeakKeyDictionary[KeyStore, SessionStore]" = weakref.WeakKeyDictionary()
+_STORES: weakref.WeakKeyDictionary[KeyStore, SessionStore] = weakref.WeakKeyDictionary()
 
 
 def store_for(keys: KeyStore) -> SessionStore:

@@ -6,7 +6,8 @@ import argparse
 import asyncio
 import signal
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from hubpool_sim.config import FLAVOR_NAMES, SimConfig, parse_model_spec, read_config_file
 from hubpool_sim.faults import VERDICTS, parse_fault

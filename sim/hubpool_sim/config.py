@@ -206,7 +206,7 @@ class SimConfig:
         return data
 
     @classmethod
-    def from_mapping(cls, data: dict[str, Any]) -> "SimConfig":
+    def from_mapping(cls, data: dict[str, Any]) -> SimConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - known
         if unknown:
@@ -214,7 +214,7 @@ class SimConfig:
         return cls(**data)
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "SimConfig":
+    def from_file(cls, path: str | Path) -> SimConfig:
         """A JSON or TOML file (chosen by suffix) with the same fields as this class."""
         return cls.from_mapping(read_config_file(path))
 

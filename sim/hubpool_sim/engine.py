@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter, deque
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any
 
 from hubpool_sim.config import SimConfig, SimModel
 from hubpool_sim.faults import Fault, FaultBook, coerce_fault

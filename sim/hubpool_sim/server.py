@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Awaitable, Callable, Iterator
+from typing import Any
 
 from aiohttp import web
 
@@ -180,7 +181,7 @@ class SimServer:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
-    async def start(self) -> "SimServer":
+    async def start(self) -> SimServer:
         runner = web.AppRunner(build_app(self.engine), access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
         await runner.setup()
         try:
@@ -203,7 +204,7 @@ class SimServer:
         runner, self._runner = self._runner, None
         await runner.cleanup()
 
-    async def __aenter__(self) -> "SimServer":
+    async def __aenter__(self) -> SimServer:
         return await self.start()
 
     async def __aexit__(self, *exc_info: Any) -> None:
@@ -253,7 +254,7 @@ class ThreadedSimServer:
     port = property(lambda self: self.server.port)
     url = property(lambda self: self.server.url)
 
-    def start(self, timeout: float = 10.0) -> "ThreadedSimServer":
+    def start(self, timeout: float = 10.0) -> ThreadedSimServer:
         ready = threading.Event()
         failure: list[BaseException] = []
 
@@ -317,7 +318,7 @@ class ThreadedSimServer:
     def configure(self, **changes: Any) -> None:
         self._call(self.server.configure, **changes)
 
-    def __enter__(self) -> "ThreadedSimServer":
+    def __enter__(self) -> ThreadedSimServer:
         return self.start() if self._loop is None else self
 
     def __exit__(self, *exc_info: Any) -> None:

@@ -11,7 +11,7 @@ import hashlib
 import math
 import struct
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 UNUSED_TOKEN = "<unused49>"
@@ -112,5 +112,5 @@ def common_prefix(a: bytes, b: bytes) -> int:
 
 def rfc3339(ts: float | None = None) -> str:
     """Ollama's timestamps: UTC with a Z and nanosecond-looking precision."""
-    moment = datetime.fromtimestamp(time.time() if ts is None else ts, tz=timezone.utc)
+    moment = datetime.fromtimestamp(time.time() if ts is None else ts, tz=UTC)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.%f") + "000Z"

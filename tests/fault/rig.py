@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
 from faultproxy import FaultProxy
 from harness import fqdn
 from process_harness import WARM_LAUNCHER, NodeProcess, free_port, make_process_pool, pair, wait_connected

@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 
 import pytest
-
 from history import FAIL, INDETERMINATE, OK, History, Op, reconcile
 
 FQDNS = {"hub-a": "hub-a.t.ts.net", "hub-b": "hub-b.t.ts.net"}

@@ -12,7 +12,6 @@ import time
 
 import httpx
 import pytest
-
 from harness import fqdn, make_pool, pair
 from history import INDETERMINATE, History, run_op
 from raw_http import RawHttpServer, read_request, send_json

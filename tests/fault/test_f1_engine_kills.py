@@ -22,7 +22,6 @@ from datetime import datetime
 
 import httpx
 import pytest
-
 from history import INDETERMINATE, OK, History, reconcile, run_op
 from rig import Rig, chat_body, metric, sim_args
 

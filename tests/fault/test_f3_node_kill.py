@@ -9,7 +9,6 @@ import time
 
 import httpx
 import pytest
-
 from history import History, run_op
 from rig import Rig, chat_body
 

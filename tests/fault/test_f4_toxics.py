@@ -14,7 +14,6 @@ import time
 
 import httpx
 import pytest
-
 from faultproxy import Toxic
 from history import INDETERMINATE, OK, History, reconcile, run_op
 from rig import Rig, chat_body, sim_args

@@ -14,7 +14,6 @@ import time
 
 import httpx
 import pytest
-
 from history import History, reconcile, run_op
 from rig import Rig, chat_body
 

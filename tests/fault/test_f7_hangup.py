@@ -10,7 +10,6 @@ import time
 
 import httpx
 import pytest
-
 from history import History, read_stream
 from rig import Rig, chat_body, sim_args
 

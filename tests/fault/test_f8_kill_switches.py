@@ -21,8 +21,8 @@ from typing import Any
 
 import httpx
 import pytest
-
 from harness import RunningNode, fqdn, make_pool, pair
+
 from hubpool_core.config import EnvSettings, PoolSettings
 from hubpool_core.node.directions import resolve_directions
 from hubpool_core.placement import usable_peers

@@ -10,8 +10,8 @@ both sides with the clock stopped there."""
 from __future__ import annotations
 
 import pytest
-
 from harness import fqdn, make_pool, pair
+
 from hubpool_core.peering import health
 from hubpool_core.placement.quarantine import BASE_WITHHOLD_S, DROPPED, MAX_WITHHOLD_S, STRIKE_WINDOW_S, Quarantine
 

@@ -10,7 +10,6 @@ import threading
 import time
 
 import pytest
-
 from faultproxy import FaultProxy, Toxic
 
 BODY = bytes(range(256)) * 4  # 1024 bytes

@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
 from real_engine.support import LlamaServer, find_llama_server, write_tiny_gguf
 
 

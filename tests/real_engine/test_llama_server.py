@@ -15,12 +15,12 @@ import httpx
 import ollama
 import openai
 import pytest
-
 from harness import RunningNode, fqdn, make_pool, pair
-from hubpool_core.engine import EngineConfig
-from hubpool_core.testing import run
 from hubpool_llamacpp.engine import LlamacppEngine
 from real_engine.support import MODEL_ID, REPO
+
+from hubpool_core.engine import EngineConfig
+from hubpool_core.testing import run
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.timeout(30)]
 

@@ -17,8 +17,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
-
 from harness import make_pool
+
 from hubpool_core.peering import addresses
 from hubpool_core.peering.addresses import (
     AddressRefused,

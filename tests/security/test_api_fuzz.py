@@ -22,13 +22,13 @@ import os
 import httpx
 import pytest
 import schemathesis
+from harness import fqdn, make_pool
 from hypothesis import HealthCheck, given, settings
 from schemathesis.core import NOT_SET
 
-from harness import fqdn, make_pool
-from hubpool_sim import SimConfig, SimModel, run_in_thread
 from hubpool_core.node.app import create_app
 from hubpool_core.peering.signing import sign_headers
+from hubpool_sim import SimConfig, SimModel, run_in_thread
 
 P = "/api/inference/pool"
 #: cases per operation: 3 keeps CI under ~15 s; HUBPOOL_API_FUZZ_EXAMPLES=50 is the long run

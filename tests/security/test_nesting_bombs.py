@@ -14,8 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
-
 from harness import make_pool
+
 from hubpool_core.peering.peers import new_token, seal_token, token_hash
 from hubpool_core.store import PoolPeer
 

@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-
 from harness import RunningNode, fqdn, make_pool
+
 from hubpool_core.peering.pairing_pin import PAIRING_PIN_MAX_ATTEMPTS
 from hubpool_sim import SimConfig, SimModel, run_in_thread
 

@@ -15,17 +15,17 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-
 from harness import RunningNode, fqdn, make_pool
+
 from hubpool_core.peering import signing
 from hubpool_core.peering.signing import (
+    NODE_HEADER,
     NONCE_HEADER,
     PEER_HEADER,
     PEER_NONCE_CACHE_MAX,
     RECIPIENT_HEADER,
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
-    NODE_HEADER,
     NonceCache,
     body_hash,
     build_message,

@@ -21,11 +21,11 @@ from datetime import timedelta
 
 import httpx
 import pytest
+from harness import fqdn, make_pool
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from harness import fqdn, make_pool
 from hubpool_core.peering.client import PeerAuthError
 from hubpool_core.peering.pairing import bearer_grace_ms
 from hubpool_core.peering.peers import aware, open_token, utcnow

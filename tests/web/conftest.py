@@ -8,7 +8,6 @@ import tempfile
 from collections.abc import Iterator
 
 import pytest
-
 from web.ui_helpers import ARGS, CHROMIUM, DESKTOP
 
 

@@ -9,11 +9,11 @@ from contextlib import ExitStack
 
 import httpx
 import pytest
-
 from harness import fqdn, make_pool, pair
+from web.ui_helpers import PHONE, new_page, shoot, sign_in
+
 from hubpool_core.peering.peers import public_peer
 from hubpool_sim import SimConfig, SimModel, run_in_thread
-from web.ui_helpers import PHONE, new_page, shoot, sign_in
 
 P = "/api/inference/pool"
 

@@ -7,10 +7,10 @@ from contextlib import ExitStack
 
 import httpx
 import pytest
-
 from harness import RunningNode, fqdn, make_pool, pair
-from hubpool_sim import SimConfig, SimModel, run_in_thread
 from web.ui_helpers import new_page, shoot
+
+from hubpool_sim import SimConfig, SimModel, run_in_thread
 
 FORWARDED = {"X-Forwarded-Host": "evil.example:8443", "X-Forwarded-Proto": "https",
              "X-Forwarded-For": "203.0.113.9", "Forwarded": "for=203.0.113.9;host=evil.example;proto=https",

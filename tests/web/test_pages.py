@@ -7,7 +7,6 @@ import re
 from contextlib import ExitStack
 
 import pytest
-
 from harness import RunningNode, fqdn, make_pool, pair
 from web.ui_helpers import new_page, shoot, sign_in
 

@@ -8,9 +8,8 @@ from contextlib import closing
 
 import httpx
 import pytest
-
 from harness import RunningNode
-from web.ui_helpers import new_page, shoot, sign_in
+from web.ui_helpers import new_page, sign_in
 
 P = "/api/inference/pool"
 

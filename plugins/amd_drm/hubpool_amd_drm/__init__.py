@@ -1,8 +1,7 @@
 """hubpool GPU-pressure source: the amdgpu driver's ``gpu_busy_percent`` from sysfs."""
 
-from hubpool_core import hookimpl
-
 from hubpool_amd_drm.source import AmdDrmPressure
+from hubpool_core import hookimpl
 
 __all__ = ["AmdDrmPressure"]
 

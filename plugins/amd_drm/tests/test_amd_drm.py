@@ -8,12 +8,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pluggy
+from hubpool_amd_drm import AmdDrmPressure
+from hubpool_amd_drm.source import parse_percent
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hubpool_core import PressureSource, hookspecs
-from hubpool_amd_drm import AmdDrmPressure
-from hubpool_amd_drm.source import parse_percent
 
 
 def card(root: Path, name: str, content: str | bytes | None) -> Path:

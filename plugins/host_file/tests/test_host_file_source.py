@@ -3,10 +3,9 @@ import os
 import time
 from types import SimpleNamespace
 
+from hubpool_host_file.source import MAX_AGE_S, HostFilePressure
 from hypothesis import given
 from hypothesis import strategies as st
-
-from hubpool_host_file.source import MAX_AGE_S, HostFilePressure
 
 
 def _source(tmp_path, body):

@@ -3,10 +3,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hubpool_lemonade.engine import LemonadeEngine
 
 from hubpool_core import OPENAI, REQUEST_ERROR_SIGNATURES, EngineConfig, ResidentModel, Timings
 from hubpool_core.testing import mock_http, raising, run
-from hubpool_lemonade.engine import LemonadeEngine
 
 DATA = Path(__file__).parent / "data"
 URL = "http://127.0.0.1:13305"

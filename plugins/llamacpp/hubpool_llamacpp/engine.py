@@ -17,7 +17,6 @@ from hubpool_core import (
     error_message,
 )
 
-
 #: llama-server's Prometheus gauges (``--metrics``): requests generating now, and requests
 #: that found every slot busy and wait for one.
 PROCESSING = "llamacpp:requests_processing"

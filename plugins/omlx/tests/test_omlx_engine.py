@@ -3,10 +3,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hubpool_omlx.engine import OmlxEngine
 
 from hubpool_core import OPENAI, REQUEST_ERROR_SIGNATURES, EngineConfig, Timings
 from hubpool_core.testing import load_installed_engines, mock_http, raising, run
-from hubpool_omlx.engine import OmlxEngine
 
 DATA = Path(__file__).parent / "data"
 URL = "http://127.0.0.1:8000"

@@ -5,7 +5,6 @@ Wired in so the merge has its third leg, but it names nothing today — see
 """
 
 from hubpool_core import hookimpl
-
 from hubpool_portal.directory import PortalDirectory
 
 __all__ = ["PortalDirectory"]

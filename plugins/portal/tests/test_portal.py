@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pluggy
 import pytest
+from hubpool_portal import PortalDirectory
 
 from hubpool_core import hookspecs
-from hubpool_portal import PortalDirectory
 
 
 @pytest.fixture

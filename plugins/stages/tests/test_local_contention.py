@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from hubpool_stages import hubpool_register_stages
+from hubpool_stages.affinity import PrefixAffinityStage
+from hubpool_stages.contention import LocalContentionStage, blocking_work, contention_on
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hubpool_core.placement import run_stages
-from hubpool_stages import hubpool_register_stages
-from hubpool_stages.affinity import PrefixAffinityStage
-from hubpool_stages.contention import LocalContentionStage, blocking_work, contention_on
 
 BIG, SMALL = "qwen3.6:35b", "qwen3.8:27b"
 

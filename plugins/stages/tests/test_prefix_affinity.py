@@ -5,11 +5,6 @@ from __future__ import annotations
 import hashlib
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from hubpool_core.placement import run_stages
-from hubpool_core.stage import PIN_ORDER
 from hubpool_stages import affinity as affinity_module
 from hubpool_stages.affinity import (
     HEADER,
@@ -21,6 +16,11 @@ from hubpool_stages.affinity import (
     ttl_ms_from,
 )
 from hubpool_stages.contention import LocalContentionStage
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hubpool_core.placement import run_stages
+from hubpool_core.stage import PIN_ORDER
 
 
 def stage_for(build, node=None):

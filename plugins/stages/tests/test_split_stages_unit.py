@@ -8,12 +8,12 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from hubpool_stages import LocalContentionStage, PrefixAffinityStage
+from hubpool_stages.splits import ContextCapStage, PromptCeilingStage, SlotsStage, split
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hubpool_core.placement import JUDGED_ROUTES, Candidate, PlacementContext, run_stages
-from hubpool_stages import LocalContentionStage, PrefixAffinityStage
-from hubpool_stages.splits import ContextCapStage, PromptCeilingStage, SlotsStage, split
 
 ROUTE_CLASS = {"/v1/chat/completions": "chat", "/api/chat": "chat", "/v1/completions": "completion",
                "/api/generate": "completion", "/v1/embeddings": "embeddings", "/api/embed": "embeddings"}

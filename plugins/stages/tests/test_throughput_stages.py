@@ -6,14 +6,14 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from hubpool_stages import LocalContentionStage, PrefixAffinityStage
+from hubpool_stages.splits import ContextCapStage, PromptCeilingStage, SlotsStage
+from hubpool_stages.throughput import SlowerPlacementStage, ThroughputStage, slower_settings
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hubpool_core.placement import Candidate, Load, PlacementContext, run_stages
 from hubpool_core.placement.throughput import ThroughputStore
-from hubpool_stages import LocalContentionStage, PrefixAffinityStage
-from hubpool_stages.splits import ContextCapStage, PromptCeilingStage, SlotsStage
-from hubpool_stages.throughput import SlowerPlacementStage, ThroughputStage, slower_settings
 
 SLOTTED = {"ollama": True, "vllm": False}
 

@@ -6,7 +6,6 @@ an OAuth client (``TAILSCALE_OAUTH_CLIENT_ID`` / ``TAILSCALE_OAUTH_CLIENT_SECRET
 """
 
 from hubpool_core import hookimpl
-
 from hubpool_tailscale_admin.directory import TailscaleAdminDirectory
 
 __all__ = ["TailscaleAdminDirectory"]

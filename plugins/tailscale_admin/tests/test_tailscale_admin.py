@@ -11,10 +11,10 @@ from urllib.parse import parse_qs
 import httpx
 import pluggy
 import pytest
+from hubpool_tailscale_admin import TailscaleAdminDirectory
 from pydantic import SecretStr
 
 from hubpool_core import DirectoryCandidate, hookspecs
-from hubpool_tailscale_admin import TailscaleAdminDirectory
 
 API = "http://127.0.0.1:9"  # never dialled: every test injects a transport
 CLIENT_ID = "k1234CNTRL"

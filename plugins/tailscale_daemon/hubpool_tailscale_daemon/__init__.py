@@ -5,7 +5,6 @@ no credential at all, and reports this node's own tailnet status.
 """
 
 from hubpool_core import hookimpl
-
 from hubpool_tailscale_daemon.directory import TailscaleDaemonDirectory
 
 __all__ = ["TailscaleDaemonDirectory"]

@@ -280,7 +280,7 @@ class TailscaleDaemonDirectory(Directory):
             return _Reading(None, f"{shown} could not be started ({exc.strerror or exc})")
         try:
             stdout, stderr = await asyncio.wait_for(proc.communicate(), self._timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             await self._kill(proc)
             return _Reading(None, f"{shown} did not answer within {self._timeout:g} s")
         except BaseException:

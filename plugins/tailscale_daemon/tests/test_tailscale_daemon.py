@@ -11,10 +11,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pluggy
-
-from hubpool_core import DirectoryCandidate, TailnetStatus, hookspecs
 from hubpool_tailscale_daemon import TailscaleDaemonDirectory
 from hubpool_tailscale_daemon.directory import MISSING_SENTENCE
+
+from hubpool_core import DirectoryCandidate, TailnetStatus, hookspecs
 
 FIXTURE = Path(__file__).resolve().parents[3] / "tests" / "data" / "tailscale_status.json"
 

@@ -6,7 +6,6 @@ import httpx
 
 from hubpool_core import OPENAI, Engine, ProbeResult
 
-
 #: vLLM's scheduler gauges on ``/metrics`` (one sample per model_name and engine label).
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"

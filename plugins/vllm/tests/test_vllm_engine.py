@@ -3,12 +3,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hubpool_vllm.engine import VllmEngine
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hubpool_core import OPENAI, REQUEST_ERROR_SIGNATURES, EngineConfig, Timings
 from hubpool_core.testing import load_installed_engines, mock_http, raising, run
-from hubpool_vllm.engine import VllmEngine
 
 DATA = Path(__file__).parent / "data"
 URL = "http://127.0.0.1:8000"

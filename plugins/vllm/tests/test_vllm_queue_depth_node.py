@@ -5,15 +5,14 @@ engine took from elsewhere."""
 
 from __future__ import annotations
 
-import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
 import pytest
-
 from harness import fqdn, make_pool, pair
+
 from hubpool_sim import SimConfig, SimModel, run_in_thread
 
 DATA = Path(__file__).parent / "data"
