@@ -27,7 +27,7 @@ from hubpool_core.placement import (
     run_stages,
     usable_peers,
 )
-from hubpool_core.proxy.relay import LOCAL_PREFIX, RelayPlan, RelayResponse
+from hubpool_core.proxy import LOCAL_PREFIX, RelayPlan, RelayResponse
 from hubpool_core.signals.local_engines import PLACEMENT_BUDGET_MS, LocalBackend, listing_backends
 
 POOL_PREFIX = "/api/inference/pool"

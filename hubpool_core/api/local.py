@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from hubpool_core.api.inference import ROUTED, BadRequest, _wants_stream, read_json_object
 from hubpool_core.peering.guard import PeerRefused, admit
 from hubpool_core.placement import Candidate
-from hubpool_core.proxy.relay import LOCAL_PREFIX, RelayPlan, RelayResponse
+from hubpool_core.proxy import LOCAL_PREFIX, RelayPlan, RelayResponse
 from hubpool_core.signals.local_engines import listing_backends
 
 REQUEST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")

@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from hubpool_core import __version__
 from hubpool_core.api import advice, inference, local, metrics_route, operator, peers
 from hubpool_core.node.node import Node
-from hubpool_core.proxy.relay import LOCAL_PREFIX
+from hubpool_core.proxy import LOCAL_PREFIX
 from hubpool_core.web import mount as mount_web_ui
 
 

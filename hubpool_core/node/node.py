@@ -28,7 +28,7 @@ from hubpool_core.placement.handout import effective_ceiling
 from hubpool_core.placement.quarantine import Quarantine
 from hubpool_core.placement.throughput import ThroughputStore
 from hubpool_core.plugins import PluginHost, load_plugins
-from hubpool_core.proxy.relay import Budgets, ReuseAwareConnector
+from hubpool_core.proxy import Budgets, ReuseAwareConnector
 from hubpool_core.signals.containers import ContainerSampler
 from hubpool_core.signals.local_engines import LocalEngines, build_engines
 from hubpool_core.signals.pressure_sampler import PressureSampler
