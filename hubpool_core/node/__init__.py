@@ -5,10 +5,9 @@
 - ``app.py``: the ASGI application (routers, the routed fast path).
 - ``server.py``: running it under uvicorn.
 - ``directions.py``: the kill switches, resolved in one place.
-- ``periodic.py``: a background loop that survives a failing step.
 - ``heap_trim.py``: giving freed heap back after bursts.
 - ``doctor.py``: ``hubpool doctor``'s checks.
 
-Nothing outside ``node/``, ``api/``, ``web/`` and ``cli/`` imports from here but
-``periodic``, ``directions`` and ``heap_trim`` (ARCHITECTURE.md, the code map).
+Only the outer rooms (``api/``, ``web/``, ``cli/``, ``bench/``) import from here
+(ARCHITECTURE.md, the code map).
 """

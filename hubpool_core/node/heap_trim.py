@@ -13,7 +13,7 @@ import ctypes
 import logging
 from collections.abc import Callable
 
-from hubpool_core.node.periodic import Periodic
+from hubpool_core.periodic import Periodic
 
 log = logging.getLogger("hubpool.heap")
 

@@ -19,10 +19,10 @@ import httpx
 
 from hubpool_core.config import env_int
 from hubpool_core.models_ids import fold_model_id
-from hubpool_core.node.periodic import Periodic
 from hubpool_core.peering.client import PeerAuthError
 from hubpool_core.peering.peers import aware, iso, utcnow
 from hubpool_core.peering.signing import REFUSAL_HEADER, REFUSAL_IDENTITY_MISMATCH
+from hubpool_core.periodic import Periodic
 from hubpool_core.store import PoolPeer
 
 log = logging.getLogger("hubpool.health")

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from hubpool_core.node.periodic import Periodic
+from hubpool_core.periodic import Periodic
 
 log = logging.getLogger("hubpool.containers")
 

@@ -7,7 +7,7 @@ import asyncio
 import logging
 from typing import Any
 
-from hubpool_core.node.periodic import Periodic
+from hubpool_core.periodic import Periodic
 from hubpool_core.pressure import PressureSource
 from hubpool_core.signals.pressure_bands import BandQuantiser, wire_source_name
 
