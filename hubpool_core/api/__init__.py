@@ -1,0 +1,11 @@
+"""The HTTP routers: each translates requests to calls on the rooms below and answers back.
+
+- ``inference.py``: app-facing routes of both dialects (``/v1/*``, ``/api/*``), at the root
+  and under ``/api/inference/pool/``; listings and ``/api/show``.
+- ``local.py``: peer-facing ``/local/*``, work a paired node forwards to this node's engines.
+- ``peers.py``: the pairing handshake (``/pair/*``, ``/capabilities``) and the operator's
+  pairing routes.
+- ``operator.py``: settings, status, routing log, plugins, and the unauthenticated identify.
+- ``advice.py``: inference preferences, the client handout, and doctor.
+- ``metrics_route.py``: ``GET /metrics``.
+"""

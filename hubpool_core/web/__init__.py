@@ -1,6 +1,11 @@
 """The web UI: a landing page without a key, sign-in with the operator key, the home and
 pool pages, and the setup guide. Pages are server-rendered shells; their data comes from the
-node's own operator JSON routes, read by a little JavaScript with the session cookie."""
+node's own operator JSON routes, read by a little JavaScript with the session cookie.
+
+- ``routes.py``: the UI's own routes; only the landing and sign-in pages answer without a
+  session.
+- ``templates/``: the Jinja2 page shells; ``static/``: their CSS and plain JavaScript.
+"""
 
 from __future__ import annotations
 
