@@ -203,7 +203,7 @@ def test_an_answer_whole_before_its_connection_died_is_logged_served(tmp_path, r
     """The chaos test's narrowest case, made deterministic: a peer SIGKILLed between relaying
     an answer's closing frame and the end of the HTTP body. The app got the whole answer, so
     the row says served, not failed/truncated-upstream (the chaos test caught that mismatch
-    before RelayResponse._pump asked its StreamJudge whether the final frame had passed)."""
+    before the pump (proxy/pump.py) asked its StreamJudge whether the final frame had passed)."""
     op, row = final_frame_then_cut(tmp_path, route)
     assert op.status == 200 and op.final and op.tokens == 3 and not op.frames_after_final, op
     assert (row["outcome"], row["status"], row["requestError"]) == ("served", 200, None), row

@@ -2,8 +2,8 @@
 it, so the request dies before any byte of an answer (aiohttp: ServerDisconnectedError or
 ClientOSError). With one candidate that was a 502 for a request the engine never saw. The
 relay now sends such an attempt once more on a fresh connection — only when the connection
-was a reused one and nothing of an answer had arrived (hubpool_core/proxy/relay.py,
-RelayResponse._send).
+was a reused one and nothing of an answer had arrived (hubpool_core/proxy/attempt.py,
+send_attempt).
 
 The engine here is a raw-socket Ollama with a short keep-alive. On the wire the race is a
 matter of microseconds (the server's FIN crossing the client's request); to make it happen on

@@ -1,12 +1,22 @@
 """The proxy: carry one placed request to its candidates and the answer back to the app.
 
-- ``relay.py``: the failover walk, one upstream attempt, verdicts, and the stream pump.
+- ``plan.py``: the plan a route handler builds, its budgets, and the headers every part states.
+- ``walk.py``: the ASGI response and the failover walk, one attempt per candidate in order.
+- ``attempt.py``: one upstream attempt: open, send within the budget, the one keep-alive retry.
+- ``connector.py``: the aiohttp connector that says whether a request reused a pooled connection.
+- ``hangup.py``: watching the app's connection, and awaiting upstream work a hang-up stops.
+- ``verdicts.py``: an engine's 500 that is a verdict on the request: read, settled, sent.
+- ``failover.py``: which statuses fail over, the passed-over record, the 502 when all failed.
+- ``pump.py``: committing to an answer and passing its bytes as they arrive.
+- ``judge.py``: what a judged answer does to its engine's withhold, and throughput samples.
 - ``output_check.py``: judging a 200 that may not be an answer.
 - ``translate.py``: native (NDJSON) requests served by an OpenAI-only engine.
 
 The rest of the core uses only the names below.
 """
 
-from hubpool_core.proxy.relay import LOCAL_PREFIX, Budgets, RelayPlan, RelayResponse, ReuseAwareConnector
+from hubpool_core.proxy.connector import ReuseAwareConnector
+from hubpool_core.proxy.plan import LOCAL_PREFIX, Budgets, RelayPlan
+from hubpool_core.proxy.walk import RelayResponse
 
 __all__ = ["LOCAL_PREFIX", "Budgets", "RelayPlan", "RelayResponse", "ReuseAwareConnector"]

@@ -31,15 +31,15 @@ def _text_of(obj: Any, dialect: str) -> str:
     if not isinstance(obj, dict):
         return ""
     if dialect == NATIVE:
-        msg = obj.get("message") if isinstance(obj.get("message"), dict) else {}
+        msg = m if isinstance(m := obj.get("message"), dict) else {}
         parts = [msg.get("content"), msg.get("thinking"), obj.get("response"), obj.get("thinking")]
     else:
         parts = []
         for choice in obj.get("choices") or []:
             if not isinstance(choice, dict):
                 continue
-            delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
-            message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+            delta = d if isinstance(d := choice.get("delta"), dict) else {}
+            message = m if isinstance(m := choice.get("message"), dict) else {}
             parts += [delta.get("content"), delta.get("reasoning_content"), delta.get("reasoning"),
                       message.get("content"), message.get("reasoning_content"), choice.get("text")]
     return "".join(p for p in parts if isinstance(p, str))

@@ -200,7 +200,7 @@ class NativeToOpenAI:
                     continue
                 # the engine's JSON is read, not trusted: a field of the wrong type is skipped,
                 # never an exception that cuts the client's stream
-                delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+                delta = d if isinstance(d := choice.get("delta"), dict) else {}
                 text = delta.get("content") if "delta" in choice else choice.get("text")
                 calls = delta.get("tool_calls")
                 for call in calls if isinstance(calls, list) else []:
@@ -221,7 +221,7 @@ class NativeToOpenAI:
         if not isinstance(index, int) or isinstance(index, bool):
             index = 0
         slot = self._tool_calls.setdefault(index, {"function": {"name": None, "arguments": ""}})
-        fn = call.get("function") if isinstance(call.get("function"), dict) else {}
+        fn = f if isinstance(f := call.get("function"), dict) else {}
         if isinstance(fn.get("name"), str) and fn["name"]:
             slot["function"]["name"] = fn["name"]
         if isinstance(fn.get("arguments"), str) and fn["arguments"]:

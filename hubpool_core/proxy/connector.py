@@ -1,0 +1,72 @@
+"""Knowing when an upstream request went out on a pooled keep-alive connection, and how it
+died. The node's aiohttp session uses :class:`ReuseAwareConnector`; an attempt sets
+:data:`SEND_STATE` around its request and reads it back to decide on its one retry. It is
+separate because it wraps aiohttp's connection pool, which nothing else in the relay touches.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import weakref
+from typing import Any
+
+import aiohttp
+
+
+class SendState:
+    """What the connector tells the relay about one upstream request, and the reverse."""
+
+    __slots__ = ("reused", "fresh")
+
+    def __init__(self, fresh: bool = False) -> None:
+        self.reused = False
+        self.fresh = fresh
+
+
+#: set by the relay around one upstream request (the request's task copies it, the object is shared)
+SEND_STATE: contextvars.ContextVar[SendState | None] = contextvars.ContextVar("hubpool_send", default=None)
+
+
+class ReuseAwareConnector(aiohttp.TCPConnector):
+    """A TCPConnector that tells the relay whether a request went out on a pooled connection,
+    and can be told to open a fresh one.
+
+    An engine or peer may close an idle kept-alive connection just as the relay sends on it;
+    the request then dies before any byte of an answer. Only on a reused connection is that
+    the keep-alive race (a fresh connection that dies that way is a real failure), so the
+    relay needs to know which it was, and its one retry must not take another pooled
+    connection the same engine may be closing too. aiohttp says neither; the protocols this
+    connector handed out are remembered weakly (a closed connection's is collected)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # noqa: D107
+        super().__init__(*args, **kwargs)
+        self._handed_out: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    async def _get(self, key: Any, traces: Any) -> Any:
+        # aiohttp's pool lookup (private, stable since 3.8): skipped for a retry's fresh connection
+        state = SEND_STATE.get()
+        if state is not None and state.fresh:
+            return None
+        return await super()._get(key, traces)
+
+    async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:  # noqa: D102
+        conn = await super().connect(req, traces, timeout)
+        proto = conn.protocol
+        if proto is not None:
+            if proto in self._handed_out:
+                state = SEND_STATE.get()
+                if state is not None:
+                    state.reused = True
+            else:
+                self._handed_out.add(proto)
+        return conn
+
+
+def reset_before_answer(exc: BaseException) -> bool:
+    """The peer closed or reset the connection before sending any byte of a response."""
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        # with part of a response read, aiohttp carries it as the message: then bytes arrived
+        return isinstance(exc.message, str)
+    # a reset (ECONNRESET, EPIPE) carries no partial message, so whether bytes had arrived is
+    # not known: on a reused connection it is taken as the race, as browsers do
+    return isinstance(exc, aiohttp.ClientOSError) and not isinstance(exc, aiohttp.ClientConnectorError)

@@ -1,0 +1,119 @@
+"""What the relay does with an answer's output once it is judged: output_check.py says whether
+the bytes are an answer; this module reads a non-streamed completion whole so it can be
+judged, strikes or clears the engine's withhold (output quarantine, and the local
+"unservable" withhold), concludes a judged stream when it ends, and takes the throughput
+sample a clean answer carries. It is separate so the walk and the pump only call it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+
+from hubpool_core.engine import Engine
+from hubpool_core.models_ids import fold_model_id
+from hubpool_core.placement import Candidate
+from hubpool_core.placement.quarantine import DROPPED
+from hubpool_core.placement.throughput import MIN_PROMPT_TOKENS
+from hubpool_core.proxy.attempt import Failed, transport_code
+from hubpool_core.proxy.hangup import Hangup
+from hubpool_core.proxy.output_check import MAX_JUDGED_BODY_BYTES, TRUNCATED, StreamJudge
+from hubpool_core.proxy.plan import RelayPlan, engine_for
+
+log = logging.getLogger("hubpool.relay")
+
+
+def _quarantine_key(cand: Candidate, model: str) -> tuple[str, str, str]:
+    return (cand.node, cand.backend, fold_model_id(model))
+
+
+def output_fault(node: Any, model: str, cand: Candidate, fault: str) -> None:
+    if node.output_quarantine.strike(_quarantine_key(cand, model), fault):
+        log.warning("withholding %s's %s for %s: %s twice within five minutes", cand.node, cand.backend,
+                    model, fault)
+
+
+def unservable(node: Any, model: str, cand: Candidate, reason: str) -> None:
+    key = ("local", cand.backend, fold_model_id(model))
+    if node.unservable.strike(key, reason):
+        log.warning("withholding %s on the local %s from routing: %s twice within five minutes",
+                    model, cand.backend, reason)
+
+
+def clean(node: Any, model: str, cand: Candidate) -> None:
+    """One clean, complete answer ends a withhold."""
+    if node.output_quarantine.clear(_quarantine_key(cand, model)):
+        log.info("%s's %s answers %s cleanly again", cand.node, cand.backend, model)
+    if cand.local is not None and node.unservable.clear(("local", cand.backend, fold_model_id(model))):
+        node.local.invalidate(cand.local.engine)  # the release is seen by the very next request
+
+
+async def read_whole(upstream: aiohttp.ClientResponse, hangup: Hangup) -> bytes | None:
+    """A non-streamed completion, read whole before anything is sent (it is judged first)."""
+    try:
+        body = await hangup.until(upstream.content.read(MAX_JUDGED_BODY_BYTES + 1), None)
+    except aiohttp.ClientError as exc:
+        raise Failed(upstream.status, f"{TRUNCATED} ({transport_code(exc)})") from None
+    if len(body) > MAX_JUDGED_BODY_BYTES:
+        return body  # too large to judge: relayed as is (the rest follows)
+    return body
+
+
+def final_frame_check(node: Any, cand: Candidate) -> Callable[[str, bytes], bool]:
+    """How a stream judge tells this candidate's final frame."""
+    engine = engine_for(node, cand)
+    if engine is not None:
+        return engine.is_final_frame
+    # the base class's check reads nothing of self
+    return lambda dialect, frame: Engine.is_final_frame(None, dialect, frame)  # type: ignore[arg-type]
+
+
+def stream_ended(node: Any, plan: RelayPlan, cand: Candidate, judge: StreamJudge | None, dropped: bool) -> None:
+    """A relayed stream ended (``dropped``: by a transport error): strike or clear the engine."""
+    if judge is None:
+        output_fault(node, plan.model, cand, f"{TRUNCATED} ({DROPPED})")
+        return
+    fault = judge.verdict(dropped=dropped)
+    if fault is not None:
+        output_fault(node, plan.model, cand, f"{fault} ({DROPPED})" if dropped else fault)
+        if not dropped:
+            node.routing_log.touch(plan.row, outcome="failed", reason=fault,
+                                   requestError={"signature": fault, "basis": "node", "confirms": None})
+    else:
+        clean(node, plan.model, cand)
+
+
+def sample(node: Any, plan: RelayPlan, cand: Candidate, attempt_started: float, held: bytes | None,
+           judge: StreamJudge | None) -> None:
+    """Throughput evidence from an answer that completed cleanly: the engine's own timings
+    when it reports them, else a stream's wait for its first byte."""
+    if plan.estimated_tokens < MIN_PROMPT_TOKENS:
+        return  # mostly fixed cost: neither measured nor judged
+    engine = engine_for(node, cand)
+    raw = held if held is not None else (judge.last_object if judge is not None else b"")
+    try:
+        obj = json.loads(raw) if raw else None
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        obj = None
+    timings = None
+    if engine is not None and isinstance(obj, dict):
+        try:
+            timings = engine.timings(obj)
+        except Exception:  # noqa: BLE001 - a plugin bug means no sample
+            timings = None
+    model = fold_model_id(plan.model)
+    store = node.throughput
+    if timings is not None and timings.prefill_ms:
+        store.record_prefill(cand.node, cand.backend, model, plan.estimated_tokens, timings.prefill_ms,
+                             prompt_tokens=timings.prompt_tokens, cached_tokens=timings.cached_tokens)
+    elif judge is not None and judge.first_chunk_at is not None:
+        waited = (judge.first_chunk_at - attempt_started) * 1000
+        store.record_prefill(cand.node, cand.backend, model, plan.estimated_tokens, waited, first_byte=True,
+                             prompt_tokens=timings.prompt_tokens if timings else None,
+                             cached_tokens=timings.cached_tokens if timings else None)
+    if timings is not None and timings.decode_tokens and timings.decode_ms:
+        store.record_decode(cand.node, cand.backend, model, timings.decode_tokens, timings.decode_ms)

@@ -1,0 +1,139 @@
+"""Committing to an answer and passing its bytes: the routing-log fields and headers of a
+committed answer (the engine's own, minus hop-by-hop, plus this node's attribution), then
+the byte pump that passes chunks as they arrive (through the translator when the engine
+speaks another dialect) until the stream ends, breaks, or the app hangs up. Once committed
+there is no failover. It is separate because it is the loop every streamed byte runs through:
+it must do nothing per chunk beyond reading, feeding the judge and sending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import aiohttp
+from starlette.types import Send
+
+from hubpool_core.engine import OPENAI
+from hubpool_core.placement import Candidate
+from hubpool_core.proxy.attempt import transport_code
+from hubpool_core.proxy.hangup import ClientGone, Hangup
+from hubpool_core.proxy.judge import final_frame_check, stream_ended
+from hubpool_core.proxy.output_check import TRUNCATED, StreamJudge
+from hubpool_core.proxy.plan import STREAM_TYPES, RelayPlan, attribution, pass_headers
+from hubpool_core.proxy.translate import NativeToOpenAI
+
+log = logging.getLogger("hubpool.relay")
+
+
+async def commit(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, upstream: aiohttp.ClientResponse,
+                 cand: Candidate, translator: NativeToOpenAI | None, started: float,
+                 held: bytes | None = None, judged: bool = False) -> StreamJudge | None:
+    """Send this answer to the app and pump the rest of it; the stream's judge, if it had one."""
+    row, log_ = plan.row, node.routing_log
+    status = upstream.status
+    ctype = upstream.headers.get("Content-Type", "")
+    streamed = any(t in ctype for t in STREAM_TYPES)
+    duration = int((time.monotonic() - started) * 1000)
+    outcome = "served" if status < 400 else "failed"
+    fields: dict[str, Any] = {"status": status, "durationMs": duration, "outcome": outcome}
+    if 400 <= status < 500:
+        fields["requestError"] = {"signature": "client-error", "basis": "status", "confirms": None}
+        fields["reason"] = f"HTTP {status}"
+    elif status >= 500:
+        fields["reason"] = f"HTTP {status}"
+    fault = plan.row_fault
+    if fault is not None:
+        fields.update(outcome="failed", reason=fault,
+                      requestError={"signature": fault, "basis": "node", "confirms": None})
+    log_.touch(row, **fields)
+    backend = upstream.headers.get("x-hub-pool-backend", cand.backend) if not cand.is_local else cand.backend
+    headers = attribution(plan, cand, backend)
+    headers += [(k.lower().encode(), v.encode()) for k, v in plan.context_headers().items()]
+    judge = None
+    if judged and status == 200 and streamed:
+        judge = StreamJudge(OPENAI if translator else plan.dialect, final_frame_check(node, cand))
+    try:
+        if translator is not None:
+            await relay_translated(node, plan, hangup, send, upstream, translator, streamed, headers, held, judge)
+        else:
+            headers = pass_headers(upstream) + headers
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            if held is not None and upstream.content.at_eof():
+                # the whole answer is held: one body message, so one write to the app, not two
+                await send({"type": "http.response.body", "body": held, "more_body": False})
+            else:
+                if held is not None:
+                    await send({"type": "http.response.body", "body": held, "more_body": True})
+                await pump(node, plan, hangup, send, upstream, lambda chunk: (chunk,), judge=judge, cand=cand)
+    finally:
+        upstream.release() if upstream.content.at_eof() else upstream.close()
+    row["totalMs"] = int((time.monotonic() - started) * 1000)
+    log_.touch(row)
+    return judge
+
+
+async def relay_translated(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, upstream: aiohttp.ClientResponse,
+                           translator: NativeToOpenAI, streamed: bool, headers: list[tuple[bytes, bytes]],
+                           held: bytes | None, judge: StreamJudge | None) -> None:
+    status = upstream.status
+    if not streamed or status >= 400:
+        raw = held if held is not None else await hangup.until(upstream.read(), None)
+        body = translator.whole(status, raw)
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json")] + headers})
+        await send({"type": "http.response.body", "body": body})
+        return
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/x-ndjson")] + headers})
+    await pump(node, plan, hangup, send, upstream, translator.feed, tail=translator.end, judge=judge)
+
+
+async def pump(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, upstream: aiohttp.ClientResponse,
+               convert: Callable[[bytes], Iterable[bytes]], tail: Callable[[], Iterable[bytes]] | None = None,
+               judge: StreamJudge | None = None, cand: Candidate | None = None) -> None:
+    """Pass chunks as they arrive; stop (closing upstream) when the app hangs up. A judged
+    stream is read on the way past: its first slice and last line, nothing recalled."""
+    row, log_ = plan.row, node.routing_log
+    reader = upstream.content
+    gone = hangup.gone
+    dropped = False
+    hangup.live = upstream
+    try:
+        while True:
+            if gone.is_set():
+                raise ClientGone()
+            try:
+                chunk = await reader.readany()
+            except aiohttp.ClientError:
+                if gone.is_set():  # the watcher closed the upstream: the app hung up
+                    raise ClientGone() from None
+                raise
+            if not chunk:
+                break
+            if judge is not None:
+                judge.feed(chunk)
+            for out in convert(chunk):
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+        if tail is not None:
+            for out in tail():
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+    except ClientGone:
+        log_.touch(row, clientClosed=True, outcome="failed", reason="the app closed its connection mid-response")
+        return
+    except (aiohttp.ClientError, asyncio.IncompleteReadError) as exc:
+        # committed: no failover, the stream is left to die visibly (spec: Failover). But an
+        # answer whose final frame already passed was whole: the app got all of it.
+        whole = judge is not None and judge.verdict() is None and judge.recognised
+        dropped = not whole
+        if dropped:
+            log_.touch(row, outcome="failed", reason=f"{TRUNCATED} ({transport_code(exc)})",
+                       requestError={"signature": TRUNCATED, "basis": "node", "confirms": None})
+        else:
+            log.debug("%s closed after the final frame of %s (%s)", plan.model, row["id"], transport_code(exc))
+    if cand is not None and (judge is not None or dropped):
+        stream_ended(node, plan, cand, judge, dropped)
+    await send({"type": "http.response.body", "body": b"", "more_body": False})

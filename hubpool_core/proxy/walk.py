@@ -1,0 +1,171 @@
+"""The relay: walk the ranked candidates, commit to the first good answer, pass its bytes.
+
+This is the hot path. Upstream calls use the node's one aiohttp ClientSession (httpx cost
+3–9 ms CPU per request here and collapsed at 64 streams — shared/perf-baseline.md). The
+response is a raw ASGI callable so it can race the upstream wait against the client's
+disconnect: a client that hangs up before headers aborts the upstream request too, and
+the turn is never placed on another candidate. This module holds the response and the walk
+(one attempt per candidate, in order, until one is committed to); each step it takes is in
+its own module, and the walk only decides between them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import aiohttp
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from hubpool_core.engine import OPENAI
+from hubpool_core.models_ids import fold_model_id
+from hubpool_core.proxy.attempt import Failed, send_attempt, transport_code
+from hubpool_core.proxy.failover import exhausted, fails_over, passed_over
+from hubpool_core.proxy.hangup import ClientGone, Hangup
+from hubpool_core.proxy.judge import clean, output_fault, read_whole, sample, unservable
+from hubpool_core.proxy.output_check import COMPLETION_ROUTES, judge_whole
+from hubpool_core.proxy.plan import STREAM_TYPES, RelayPlan
+from hubpool_core.proxy.pump import commit
+from hubpool_core.proxy.verdicts import Verdict, read_verdict, send_verdict, settle_at_end, settle_verdict
+
+log = logging.getLogger("hubpool.relay")
+
+
+class RelayResponse(Response):
+    """ASGI response that performs the walk for one planned request. It subclasses
+    Response only so the framework hands it the raw send/receive; it builds no body."""
+
+    def __init__(self, node: Any, plan: RelayPlan):  # noqa: D107 - Response.__init__ deliberately not called
+        self.node = node
+        self.plan = plan
+        self.background = None
+        self.status_code = 200
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        hangup = Hangup(asyncio.current_task())
+        span = self.plan.span
+        if span is not None:  # traced: the span notes the status sent back
+            send = self.node.tracer.watch(span, send)
+        watcher = asyncio.ensure_future(hangup.watch(receive))
+        started = time.monotonic()
+        try:
+            await walk(self.node, self.plan, hangup, send, started)
+        finally:
+            watcher.cancel()
+            row = self.plan.row
+            if row["totalMs"] is None:
+                row["totalMs"] = int((time.monotonic() - started) * 1000)
+            if row["outcome"] == "pending":
+                self.node.routing_log.touch(row, outcome="failed", reason=row["reason"] or "ended without an answer")
+            self.node.plugins.broadcast_request_finished(row)
+            if span is not None:  # after the last chunk, not at the headers
+                self.node.tracer.end_request(span, row)
+
+
+def observe(plan: RelayPlan, hook: str, *args: Any) -> None:
+    for stage in plan.observers:
+        try:
+            getattr(stage, hook)(plan.context, *args)
+        except Exception:  # noqa: BLE001 - an observer must not break the relay
+            log.exception("stage %s failed in %s", getattr(stage, "name", stage), hook)
+
+
+async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: float) -> None:
+    log_, load = node.routing_log, node.load
+    row = plan.row
+    total = len(plan.candidates)
+    failures: list[Failed] = []
+    pending: Verdict | None = None
+    judged = plan.route in COMPLETION_ROUTES  # the leaf judges the same bytes as the entry node
+    # the current attempt's trace span (set only when the plan has a span)
+    attempt_span: Any = None
+    for attempt, cand in enumerate(plan.candidates, start=1):
+        last = attempt == total
+        observe(plan, "placed" if attempt == 1 else "failed_over", cand)
+        log_.touch(row, node=plan.inbound_from or cand.node, peerId=cand.peer_id, backend=cand.backend,
+                   attempt=attempt)
+        work = (cand.backend, plan.model, plan.num_ctx) if cand.is_local else None
+        # a sample is taken only when the node had nothing else in flight, as far as we can tell
+        alone = (load.local == 0) if cand.is_local else (cand.in_flight == 0)
+        if plan.span is not None:
+            attempt_span = node.tracer.start_attempt(plan.span, cand, attempt)
+        attempt_started = time.monotonic()
+        load.acquire(cand.peer_id, work)
+        released = False
+        try:
+            try:
+                upstream, translator = await send_attempt(node, plan, cand, hangup, attempt_started, attempt_span)
+            except ClientGone:
+                waited = int((time.monotonic() - started) * 1000)
+                log_.touch(row, outcome="failed", status=None, clientClosed=True, durationMs=waited,
+                           reason=f"the app closed its connection after {waited} ms; {cand.node} had not "
+                                  "answered yet")
+                return
+            except TimeoutError:
+                if plan.stream and plan.route in COMPLETION_ROUTES:
+                    node.throughput.record_deadline_miss(cand.node, cand.backend, fold_model_id(plan.model),
+                                                         plan.estimated_tokens, plan.budget_ms)
+                raise Failed(None, f"No response headers within {plan.budget_ms}ms", deadline=True) from None
+            except aiohttp.ClientError as exc:
+                raise Failed(None, f"fetch failed ({transport_code(exc)})") from None
+            status = upstream.status
+            if status == 500 and (cand.is_local or "x-hub-pool-backend" in upstream.headers) \
+                    and plan.inbound_from is None:
+                verdict = await read_verdict(node, plan, cand, upstream, hangup)
+                if verdict is not None:
+                    done = settle_verdict(node, plan, verdict, pending, attempt)
+                    if done is not None:
+                        await send_verdict(node, plan, send, *done, started)
+                        return
+                    pending = pending or verdict
+                    raise Failed(500, f"HTTP 500 ({verdict.signature})", verdict=verdict)
+            if fails_over(node, plan, cand, upstream, last):
+                upstream.release()
+                if cand.is_local and status >= 500:
+                    unservable(node, plan.model, cand, f"HTTP {status}")
+                raise Failed(status, f"HTTP {status}")
+            held = None
+            streamed = any(t in upstream.headers.get("Content-Type", "") for t in STREAM_TYPES)
+            if judged and status == 200 and not streamed:
+                held = await read_whole(upstream, hangup)
+                dialect = OPENAI if translator else plan.dialect
+                fault = judge_whole(dialect, held) if held is not None else None
+                if fault is not None:
+                    output_fault(node, plan.model, cand, fault)
+                    if not last:
+                        upstream.release()
+                        raise Failed(status, fault)
+                    # the last candidate's answer goes back as the engine gave it, recorded
+                    plan.row_fault = fault
+                else:
+                    clean(node, plan.model, cand)
+            try:
+                judge = await commit(node, plan, hangup, send, upstream, cand, translator, started, held=held,
+                                     judged=judged)
+                if judged and alone and status == 200 and row["outcome"] == "served":
+                    sample(node, plan, cand, attempt_started, held, judge)
+            finally:
+                load.release(cand.peer_id, work)
+                released = True
+            return
+        except Failed as failure:
+            failures.append(failure)
+            passed_over(plan, cand, failure)
+            if cand.local is not None:
+                node.local.invalidate(cand.local.engine)
+        finally:
+            if not released:
+                load.release(cand.peer_id, work)
+            if plan.span is not None:
+                node.tracer.end_attempt(attempt_span, row, attempt)
+    observe(plan, "exhausted")
+    if failures and failures[-1].verdict is not None:
+        # no candidate left to ask: a verdict waiting for a second node is returned anyway
+        last_verdict = failures[-1].verdict
+        basis, confirms = settle_at_end(last_verdict, pending)
+        await send_verdict(node, plan, send, last_verdict, basis, confirms, started)
+        return
+    await exhausted(node, plan, send, failures, started)
