@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import time
@@ -17,18 +16,19 @@ from hubpool_core.access.guards import inference_refusal
 from hubpool_core.engine import NATIVE, OPENAI
 from hubpool_core.models_ids import fold_model_id, same_model
 from hubpool_core.placement import (
-    JUDGED_ROUTES,
-    PlacementContext,
+    AUTO,
+    AUTO_NOTHING,
+    NoAutoModel,
+    PlacementRequest,
     build_candidates,
-    choose_auto_model,
-    find_pin,
-    pin_matches,
-    request_num_ctx,
-    run_stages,
+    place,
+    resolve_auto,
+    snapshot_of,
     usable_peers,
 )
+from hubpool_core.placement import pool_offers as pool_offers  # re-exported: api/advice.py imports it here
 from hubpool_core.proxy import LOCAL_PREFIX, RelayPlan, RelayResponse
-from hubpool_core.signals.local_engines import PLACEMENT_BUDGET_MS, LocalBackend, listing_backends
+from hubpool_core.signals.local_engines import LocalBackend, listing_backends
 
 POOL_PREFIX = "/api/inference/pool"
 
@@ -43,10 +43,7 @@ ROUTED = {
     "/api/embeddings": (NATIVE, "embeddings"),
 }
 MODEL_REQUIRED = {"error": 'Request body must include a "model" field'}
-AUTO = "auto"
 PEER_SHOW_TIMEOUT_S = 15
-AUTO_NOTHING = ('No chat model on this Hub or its connected peers can stand in for "auto": load a chat model on '
-                "any pool node, or ask for a model by name.")
 SESSION_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+=-]{0,127}")
 
 
@@ -121,53 +118,20 @@ async def routed(request: Request) -> Response:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         return JSONResponse(MODEL_REQUIRED, status_code=400)
-    settings = node.settings.current
-    backends = await node.local.read(settings.poolProbeSnapshotTtlMs,
-                                     engine_queue_depth=bool(settings.poolEngineQueueDepth))
-    directions = node.directions()
-    peers = usable_peers(node.peers.all(), directions.outbound.enabled)
-    if model == AUTO:
-        resolved = choose_auto_model(pool_offers(backends, peers), settings.inferenceModel)
-        if resolved is None:
-            return _error(502, AUTO_NOTHING)
-        body["model"] = model = resolved
-        raw = json.dumps(body).encode()
-    stream = _wants_stream(dialect, route_class, body)
-    estimated = -(-len(raw) // 4)
-    budget = node.budgets.forward_ms(estimated, stream)
-    folded = fold_model_id(model)
-    # a model the local engine failed to serve twice is withheld: not a candidate at all
-    serving = [b for b in backends if folded not in node.unservable.withheld_models("local", b.engine.kind)]
-    ranking = build_candidates(model, serving, peers, node.load, local_affinity=settings.poolLocalAffinity,
-                               pressure_weight=settings.poolPressureWeight,
-                               poll_seconds=settings.poolHealthPollSeconds, local_pressure=node.pressure.band)
     session = request.headers.get("x-hub-pool-session")
-    ctx = PlacementContext(route=route, route_class=route_class, model=model, body=body, estimated_tokens=estimated,
-                           settings=settings, num_ctx=request_num_ctx(route, body),
-                           session_header=session if session and SESSION_PATTERN.fullmatch(session) else None,
-                           judged=route in JUDGED_ROUTES)
-    ctx.scratch["budget_ms"] = budget
-    pin_now = find_pin(settings.poolPins, model)
-    if pin_now is not None:
-        ctx.scratch["pinned_nodes"] = {c.node for c in ranking if pin_matches(pin_now, c)}
-    await _read_residency(node, ranking, ctx)
-    ordered, sections = run_stages(
-        node.stages, ranking, ctx, settings.poolPins,
-        withheld=lambda c: node.output_quarantine.withheld((c.node, c.backend, folded)))
-    pin = find_pin(settings.poolPins, model) if sections.get("pin") else None
+    asked = PlacementRequest(route, dialect, route_class, model, body, raw, _wants_stream(dialect, route_class, body),
+                             session if session and SESSION_PATTERN.fullmatch(session) else None)
+    snapshot = await snapshot_of(node)
+    plan = await place(snapshot, asked)
+    if isinstance(plan, NoAutoModel):
+        return _error(502, plan.message)
+    ordered, ctx = plan.candidates, plan.context
     row = node.routing_log.open(
-        direction="outbound", path=route, model=model, candidates=len(ordered),
-        stream=stream, bodyBytes=len(raw), budgetMs=budget, **sections,
+        direction="outbound", path=route, model=plan.model, candidates=len(ordered),
+        stream=asked.stream, bodyBytes=len(plan.raw), budgetMs=plan.budget_ms, **plan.sections,
     )
-    span = None if tracer is None else tracer.start_route(route, row, model, len(ordered), began)
-    pin_note = _pin_note(pin) if pin is not None else None
-    if not ordered:
-        message = f'No pool node currently has model "{model}" available.'
-        if pin_note:
-            message += " " + pin_note
-        if any(not b.snapshot.result.running for b in backends):
-            message += (" Some local engines did not answer their probe: localBackends shows what this node "
-                        "saw of each, and probedMsAgo how old that answer is.")
+    span = None if tracer is None else tracer.start_route(route, row, plan.model, len(ordered), began)
+    if plan.diagnosis is not None:
         node.routing_log.touch(row, outcome="failed", status=502, reason="no candidate", durationMs=0, totalMs=0)
         node.plugins.broadcast_request_finished(row)
         for stage in node.stages:
@@ -175,74 +139,25 @@ async def routed(request: Request) -> Response:
                 stage.exhausted(ctx)
             except Exception:  # noqa: BLE001 - an observer must not break the answer
                 pass
-        body_502 = {"error": message, "localBackends": await node.local.describe_for_502(backends, model)}
+        body_502 = {"error": plan.diagnosis,
+                    "localBackends": await node.local.describe_for_502(snapshot.backends, plan.model)}
         if span is not None:
             tracer.end_request(span, row, 502)
         return JSONResponse(body_502, status_code=502,
                             headers={"X-Hub-Pool-Request-Id": row["id"], **ctx.response_headers})
     extra = {"X-Hub-Pool-Session": ctx.session_header} if ctx.session_header else {}
-    plan = RelayPlan(route=route, dialect=dialect, body=body, raw=raw, model=model, stream=stream,
-                     candidates=ordered, row=row, budget_ms=budget, pin_note=pin_note, extra_headers=extra,
-                     num_ctx=ctx.num_ctx, context=ctx, observers=list(node.stages), estimated_tokens=estimated,
-                     span=span)
-    return RelayResponse(node, plan)
-
-
-async def _read_residency(node: Any, ranking: list[Any], ctx: PlacementContext) -> None:
-    """What the local engines a stage asks about hold in memory, read within the 500 ms
-    placement budget; a read that fails or is late is None ("not shown warm")."""
-    kinds: set[str] = set()
-    for stage in node.stages:
-        ask = getattr(stage, "wants_residency", None)
-        if ask is None:
-            continue
-        try:
-            kinds.update(ask(ranking, ctx) or ())
-        except Exception:  # noqa: BLE001 - a stage's question must not break placement
-            continue
-    engines = [e for e in node.local.engines if e.kind in kinds and e.has_residency]
-    if not engines:
-        return
-    tasks = {asyncio.ensure_future(e.residency(node.local.http)): e.kind for e in engines}
-    done, pending = await asyncio.wait(list(tasks), timeout=PLACEMENT_BUDGET_MS / 1000)
-    for task in pending:
-        task.cancel()
-    resident: dict[str, Any] = {kind: None for kind in tasks.values()}
-    for task in done:
-        if not task.cancelled() and task.exception() is None and task.result() is not None:
-            resident[tasks[task]] = [r.id for r in task.result()]
-    ctx.scratch["resident"] = resident
-
-
-def _pin_note(pin: Any) -> str:
-    target = "this node" if pin.targetKind == "local" else f"peer {pin.targetPeerId}"
-    return (f"A routing pin ({pin.scope} scope, prefer {target}) ordered the candidates; a pin only reorders, "
-            "and is not what caused this.")
-
-
-def pool_offers(backends: list[LocalBackend], peers: list[Any]) -> dict[str, set[str]]:
-    """model id -> the nodes that could serve it ("local" for this node)."""
-    offers: dict[str, set[str]] = {}
-    for b in backends:
-        if b.healthy:
-            for m in b.snapshot.result.models:
-                offers.setdefault(m.id, set()).add("local")
-    for p in peers:
-        caps = p.last_capabilities if isinstance(p.last_capabilities, dict) else {}
-        if caps.get("acceptingWork") is False:
-            continue
-        for backend in caps.get("backends") or []:
-            if backend.get("healthy"):
-                for m in backend.get("modelsLoaded") or []:
-                    offers.setdefault(m, set()).add(p.node_fqdn)
-    return offers
+    relay = RelayPlan(route=route, dialect=dialect, body=plan.body, raw=plan.raw, model=plan.model,
+                      stream=asked.stream, candidates=ordered, row=row, budget_ms=plan.budget_ms,
+                      pin_note=plan.pin_note, extra_headers=extra, num_ctx=ctx.num_ctx, context=ctx,
+                      observers=list(node.stages), estimated_tokens=plan.estimated_tokens, span=span)
+    return RelayResponse(node, relay)
 
 
 # -- listings ----------------------------------------------------------------------
 
 def _peer_models(peers: list[Any]) -> list[str]:
     """Every model a usable peer's cached snapshot lists (merging costs no network call)."""
-    out = []
+    out: list[str] = []
     for p in peers:
         caps = p.last_capabilities if isinstance(p.last_capabilities, dict) else {}
         if caps.get("acceptingWork") is False:
@@ -390,7 +305,7 @@ async def show(request: Request) -> Response:
     peers = usable_peers(node.peers.all(), node.directions().outbound.enabled)
     if model == AUTO:
         backends = await node.local.read(node.settings.current.poolProbeSnapshotTtlMs)
-        resolved = choose_auto_model(pool_offers(backends, peers), node.settings.current.inferenceModel)
+        resolved = resolve_auto(backends, peers, node.settings.current.inferenceModel)
         if resolved is None:
             return _error(502, AUTO_NOTHING)
         body = {**body, "model": resolved}

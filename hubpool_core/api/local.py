@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response
 
 from hubpool_core.api.inference import ROUTED, BadRequest, _wants_stream, read_json_object
 from hubpool_core.peering.guard import PeerRefused, admit
-from hubpool_core.placement import Candidate
+from hubpool_core.placement import PlacementRequest, place_inbound, snapshot_of
 from hubpool_core.proxy import LOCAL_PREFIX, RelayPlan, RelayResponse
 from hubpool_core.signals.local_engines import listing_backends
 
@@ -65,7 +65,7 @@ async def forward(request: Request) -> Response:
         return refused
     tracer = node.tracer
     began = time.time_ns() if tracer is not None else 0
-    kind = request.headers.get("x-hub-pool-backend")
+    kind = request.headers.get("x-hub-pool-backend", "")  # no engine's kind is empty: BAD_BACKEND
     engines = [e for e in node.local.engines if e.kind == kind]
     if not engines:
         return _refuse(node, route, peer.node_fqdn, request, 400, BAD_BACKEND)
@@ -77,30 +77,26 @@ async def forward(request: Request) -> Response:
     if not isinstance(model, str) or not model:
         return _refuse(node, route, peer.node_fqdn, request, 400, 'Request body must include a "model" field')
     dialect, route_class = ROUTED[route]
-    stream = _wants_stream(dialect, route_class, body)
-    backends = await node.local.read(node.settings.current.poolProbeSnapshotTtlMs)
-    chosen = [b for b in backends if b.engine.kind == kind and b.healthy and b.lists(body.get("model") or model)]
+    asked = PlacementRequest(route, dialect, route_class, model, body, raw, _wants_stream(dialect, route_class, body))
+    plan = place_inbound(await snapshot_of(node, inbound=True), asked, kind)
     rid = request.headers.get("x-hub-pool-request-id")
-    budget = node.budgets.forward_ms(-(-len(raw) // 4), stream)
     row = node.routing_log.open(direction="inbound", path=route, model=model,
                                 request_id=rid if rid and REQUEST_ID.fullmatch(rid) else None,
-                                candidates=len(chosen), stream=stream, bodyBytes=len(raw), budgetMs=budget)
+                                candidates=plan.able, stream=asked.stream, bodyBytes=len(raw),
+                                budgetMs=plan.budget_ms)
     # only now, admitted by the peer guard, is the sender's trace context read
     span = None if tracer is None else tracer.start_forward(request.headers, route, row, model, peer.node_fqdn, began)
-    if not chosen:
+    if plan.diagnosis is not None:
         node.routing_log.touch(row, node=peer.node_fqdn, outcome="failed", status=502, durationMs=0, totalMs=0,
-                               reason=f"No local backend able to serve {route}")
+                               reason=plan.diagnosis)
         node.plugins.broadcast_request_finished(row)
         if span is not None:
             tracer.end_request(span, row, 502)
-        return JSONResponse({"error": f"No local backend able to serve {route}"}, status_code=502)
-    candidates = [Candidate("local", b.engine.kind, local=b) for b in chosen[:1]]
-    from hubpool_core.placement import request_num_ctx
-
-    plan = RelayPlan(route=route, dialect=dialect, body=body, raw=raw, model=model, stream=stream,
-                     candidates=candidates, row=row, budget_ms=budget, inbound_from=peer.node_fqdn,
-                     num_ctx=request_num_ctx(route, body), estimated_tokens=-(-len(raw) // 4), span=span)
-    return RelayResponse(node, plan)
+        return JSONResponse({"error": plan.diagnosis}, status_code=502)
+    relay = RelayPlan(route=route, dialect=dialect, body=body, raw=raw, model=model, stream=asked.stream,
+                      candidates=plan.candidates, row=row, budget_ms=plan.budget_ms, inbound_from=peer.node_fqdn,
+                      num_ctx=plan.num_ctx, estimated_tokens=plan.estimated_tokens, span=span)
+    return RelayResponse(node, relay)
 
 
 async def local_listing(request: Request) -> Response:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from hubpool_core.models_ids import same_model
-from hubpool_core.placement.ranking import choose_auto_model
+from hubpool_core.placement.auto import choose_auto_model
 
 
 def effective_ceiling(env: Any, settings: Any) -> tuple[int | None, str | None]:
@@ -41,8 +41,9 @@ def build_handout(*, base_url: str, offers: dict[str, set[str]], windows: dict[s
             "openaiBaseUrl": base_url + "/v1", "nativeBaseUrl": base_url, "env": {}}
     nodes = sorted(offers[model])
     node_caps = [caps.get(n) for n in nodes]
+    stated = [c for c in node_caps if c is not None]
     # the largest cap among the nodes that serve the model, and none when any node has none
-    cap = None if any(c is None for c in node_caps) else max(node_caps)
+    cap = max(stated) if len(stated) == len(node_caps) else None
     window = next((w for m, w in windows.items() if same_model(m, model)), None)
     candidates = [v for v in (window, cap) if v]
     num_ctx = min(candidates) if candidates else None

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 from hubpool_core.models_ids import fold_model_id, same_model
 
@@ -46,8 +46,13 @@ def band_from(band: int) -> int:
     return MIN_PROMPT_TOKENS << band
 
 
-def _finite(value: Any) -> bool:
+def _finite(value: Any) -> TypeGuard[float]:
+    """A real number (int or float, never a bool), neither infinite nor NaN."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _positive(value: Any) -> TypeGuard[float]:
+    return _finite(value) and value > 0
 
 
 @dataclass
@@ -296,7 +301,7 @@ def advertised_readings(capabilities: Any, backend: str, model: str, poll_second
                 continue
             start, size, rate, age = (band.get(k) for k in ("fromTokens", "promptTokens", "tokensPerSec", "ageMs"))
             deadline = band.get("deadline", False)
-            if not all(_finite(v) and v > 0 for v in (start, size, rate)) or not _finite(age) or age < 0:
+            if not (_positive(start) and _positive(size) and _positive(rate)) or not _finite(age) or age < 0:
                 continue
             if not isinstance(deadline, bool) or start < MIN_PROMPT_TOKENS:
                 continue

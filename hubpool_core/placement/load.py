@@ -1,0 +1,66 @@
+"""Queue depth as the proxy counts it: the load the base ranker orders candidates by
+(spec: Ranking). In memory only; the relay acquires and releases, placement reads."""
+
+from __future__ import annotations
+
+#: what an unmeasured peer counts as: never idle
+UNKNOWN_PEER_LOAD = 1
+
+
+class Load:
+    """Queue depth as the proxy counts it: requests handed to an engine and not finished.
+
+    A peer's depth is what this node forwarded it and has not finished reading, plus what
+    its last snapshot counted beyond this node's own forwards at that moment.
+    """
+
+    def __init__(self) -> None:
+        self.local = 0
+        self.forwarded: dict[str, int] = {}
+        self._forwarded_at_report: dict[str, int] = {}
+        #: generations in flight on each local engine: engine kind -> {(model, num_ctx): count}
+        self.local_work: dict[str, dict[tuple[str, int | None], int]] = {}
+
+    def acquire(self, peer_id: str | None, work: tuple[str, str, int | None] | None = None) -> None:
+        """Count a request handed to an engine. ``work`` is (engine kind, model, num_ctx)
+        for a local engine, so contention can tell what that engine is generating."""
+        if peer_id is None:
+            self.local += 1
+            if work is not None:
+                slot = self.local_work.setdefault(work[0], {})
+                slot[work[1:]] = slot.get(work[1:], 0) + 1
+        else:
+            self.forwarded[peer_id] = self.forwarded.get(peer_id, 0) + 1
+
+    def release(self, peer_id: str | None, work: tuple[str, str, int | None] | None = None) -> None:
+        if peer_id is None:
+            self.local = max(0, self.local - 1)
+            if work is not None:
+                slot = self.local_work.get(work[0], {})
+                left = slot.get(work[1:], 0) - 1
+                if left > 0:
+                    slot[work[1:]] = left
+                else:
+                    slot.pop(work[1:], None)
+        else:
+            self.forwarded[peer_id] = max(0, self.forwarded.get(peer_id, 0) - 1)
+
+    def engine_external(self, kind: str, reported: int | None) -> int:
+        """What a local engine reported running or waiting beyond this node's own requests
+        on it: work that reached it directly. 0 when it reported nothing (the setting off,
+        or an engine with no such figure), so the proxy's count stands alone."""
+        if reported is None:
+            return 0
+        ours = sum(self.local_work.get(kind, {}).values())
+        return max(0, reported - ours)
+
+    def note_report(self, peer_id: str) -> None:
+        """Called when a peer's snapshot arrives: what we had forwarded at that moment."""
+        self._forwarded_at_report[peer_id] = self.forwarded.get(peer_id, 0)
+
+    def peer_load(self, peer_id: str, reported: int | None) -> int:
+        forwarded = self.forwarded.get(peer_id, 0)
+        if reported is None:
+            return max(forwarded, UNKNOWN_PEER_LOAD)  # unmeasured is never idle
+        external = max(0, reported - self._forwarded_at_report.get(peer_id, 0))
+        return forwarded + external
