@@ -16,8 +16,8 @@ import pytest
 from harness import RunningNode, fqdn, make_pool, pair
 
 from hubpool_core.cli.format import counts_line, peer_context, peer_engines, peer_status
-from hubpool_core.cli.log_commands import annotations
 from hubpool_core.cli.status_commands import _peers
+from hubpool_core.telemetry.annotations import annotations
 from hubpool_sim import SimConfig, SimModel, run_in_thread
 
 P = "/api/inference/pool"

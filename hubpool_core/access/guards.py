@@ -109,7 +109,7 @@ def operator_refusal(method: str, path: str, headers: dict[str, str], keys: KeyS
     token = bearer(headers)
     if token is None:
         # the web UI's cookie session stands in for the key (writes also need its CSRF token)
-        from hubpool_core.web.session import session_refusal
+        from hubpool_core.access.sessions import session_refusal
 
         via_session = session_refusal(method, headers, keys)
         if via_session is not None:

@@ -128,7 +128,9 @@ def read_cookie(header: str, name: str) -> str | None:
 
 def csrf_ok(session: Session, presented: str | None) -> bool:
     """Whether the CSRF token sent with a write is this session's."""
-    return bool(presented) and hmac.compare_digest(presented.encode(), session.csrf.encode())
+    if not presented:
+        return False
+    return hmac.compare_digest(presented.encode(), session.csrf.encode())
 
 
 def session_refusal(method: str, headers: dict[str, str], keys: KeyStore) -> Principal | tuple[int, dict] | None:

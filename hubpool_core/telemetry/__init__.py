@@ -4,4 +4,5 @@
   (never a prompt).
 - ``metrics.py``: the Prometheus series behind ``GET /metrics``.
 - ``tracing.py``: optional OpenTelemetry traces, off unless ``OTEL_TRACES_EXPORTER`` asks.
+- ``annotations.py``: the ↳ notes that explain a row to a person (``hubpool log``, the web UI).
 """

@@ -5,16 +5,17 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from hubpool_core import __version__
+from hubpool_core.access.sessions import CSRF_FIELD, SESSION_SECONDS, Session, cookie_header, csrf_ok, store_for
 from hubpool_core.api import operator
 from hubpool_core.config import NOT_PATCHABLE, PREFERENCE_KEYS, PoolSettings, describe_range
-from hubpool_core.web.session import CSRF_FIELD, SESSION_SECONDS, Session, cookie_header, csrf_ok, store_for
+from hubpool_core.telemetry.annotations import annotations as row_notes
 
 HERE = Path(__file__).parent
 STATIC_DIR = HERE / "static"
@@ -172,15 +173,13 @@ async def pool_page(request: Request) -> Response:
 async def routing_log_with_notes(request: Request) -> Response:
     """The operator routing-log answer, each entry with the ↳ notes `hubpool log` prints.
 
-    The notes come from the CLI's own function, so the page and the terminal say the same thing."""
+    The notes are the ones `hubpool log` prints, so the page and the terminal say the same thing."""
     answer = await operator.routing_log(request)
     if answer.status_code != 200:
         return answer
-    from hubpool_core.cli.log_commands import annotations
-
-    data = json.loads(answer.body)
+    data = json.loads(cast(bytes, answer.body))  # a JSONResponse's body is bytes, never a memoryview
     for entry in data.get("entries") or []:
-        entry["notes"] = annotations(entry)
+        entry["notes"] = row_notes(entry)
     return JSONResponse(data)
 
 
