@@ -11,7 +11,7 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -81,9 +81,14 @@ class EnvSettings(BaseSettings):
     def from_environ(cls, environ: dict[str, str]) -> EnvSettings:
         """Settings from an explicit mapping instead of the process environment (several
         nodes in one test process each get their own)."""
-        aliases = {f.validation_alias if isinstance(f.validation_alias, str) else f.validation_alias.choices[0]
+        # every alias is a name or _alias()'s AliasChoices of one name
+        aliases = {f.validation_alias if isinstance(f.validation_alias, str)
+                   else cast(AliasChoices, f.validation_alias).choices[0]
                    for f in cls.model_fields.values() if f.validation_alias is not None}
-        settings = cls(_env_file=None, **{k: v for k, v in environ.items() if k in aliases})
+        # raw strings, validated and coerced by pydantic as the process environment is
+        values: dict[str, Any] = {k: v for k, v in environ.items() if k in aliases}
+        # _env_file is BaseSettings.__init__'s own argument, which its typed __init__ (the fields) omits
+        settings = cls(_env_file=None, **values)  # type: ignore[call-arg]
         settings._environ = dict(environ)
         return settings
 

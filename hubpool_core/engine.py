@@ -376,7 +376,7 @@ class Engine(ABC):
                 for e in entries
             )
             return ProbeResult(running=True, healthy=True, models=models)
-        except Exception as exc:  # the contract: a probe never raises, whatever came back
+        except Exception as exc:  # noqa: BLE001 - the contract: a probe never raises, whatever came back
             return self.probe_failure(exc)
 
     def wrong_answer(self, path: str, what: str) -> ProbeFailed:
@@ -526,7 +526,7 @@ class Engine(ABC):
             obj = _json_or_none(frame)
             if not isinstance(obj, dict) or "error" in obj:
                 return False
-            choices = obj.get("choices")
+            choices: Any = obj.get("choices")  # any JSON value; bool() below rules out None
             return bool(choices) and isinstance(choices[0], dict) and bool(
                 choices[0].get("finish_reason")
             )
@@ -562,11 +562,11 @@ def error_message(body: Any) -> str | None:
     err = body.get("error")
     if isinstance(err, str):
         return err
-    if isinstance(err, Mapping) and isinstance(err.get("message"), str):
-        return err["message"]
+    if isinstance(err, Mapping) and isinstance(message := err.get("message"), str):
+        return message
     for key in ("message", "detail"):
-        if isinstance(body.get(key), str):
-            return body[key]
+        if isinstance(value := body.get(key), str):
+            return value
     return None
 
 

@@ -166,16 +166,21 @@ def load_plugins(
         manager.check_pending()
     except pluggy.PluginValidationError as exc:
         bad = getattr(exc, "plugin", None)
-        name = manager.get_name(bad) if bad is not None else None
-        if name in records:
-            records[name].active = False
-            records[name].reason = f"contract check failed: {exc}"
-            manager.unregister(name=name)
+        bad_name = manager.get_name(bad) if bad is not None else None
+        if bad_name in records:
+            records[bad_name].active = False
+            records[bad_name].reason = f"contract check failed: {exc}"
+            manager.unregister(name=bad_name)
         log.warning("plugin contract check failed: %s", exc)
 
     host = PluginHost(manager=manager, records=list(records.values()))
     _collect(host, records)
     return host
+
+
+def _pair_appender(got: list[Any]) -> Callable[[str, Any], None]:
+    """``register(check_id, fn)`` for the doctor-check hook, bound to this plugin's list."""
+    return lambda check_id, fn: got.append((check_id, fn))
 
 
 def _collect(host: PluginHost, records: dict[str, PluginRecord]) -> None:
@@ -190,7 +195,7 @@ def _collect(host: PluginHost, records: dict[str, PluginRecord]) -> None:
             got: list[Any] = []
             try:
                 if hook_name == "hubpool_register_doctor_checks":
-                    impl.function(register=lambda check_id, fn: got.append((check_id, fn)))
+                    impl.function(register=_pair_appender(got))
                 else:
                     impl.function(register=got.append)
                 for obj in got:

@@ -38,13 +38,13 @@ class Stage(ABC):
     def __init__(self, node: Any = None) -> None:
         self.node = node
 
-    def placed(self, context: Any, candidate: Any) -> None:
+    def placed(self, context: Any, candidate: Any) -> None:  # noqa: B027 - optional hook, a no-op by default
         """The walk is about to try ``candidate`` first (placement time)."""
 
-    def failed_over(self, context: Any, candidate: Any) -> None:
+    def failed_over(self, context: Any, candidate: Any) -> None:  # noqa: B027 - optional hook, a no-op by default
         """The walk moved on to ``candidate`` after an earlier one failed."""
 
-    def exhausted(self, context: Any) -> None:
+    def exhausted(self, context: Any) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Every candidate failed (or there was none)."""
 
     def enabled(self, context: Any) -> bool:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, NoReturn, TypeVar, Union
+from typing import Any, NoReturn, TypeVar
 
 import httpx
 
@@ -29,7 +29,7 @@ T = TypeVar("T")
 #: What a route answers: an ``httpx.Response`` (copied for each request), a
 #: ``(status, body)`` pair (see :func:`answer`), or a function of the request that returns
 #: a Response or raises (see :func:`raising`).
-Route = Union[httpx.Response, tuple[int, Any], Callable[[httpx.Request], httpx.Response]]
+Route = httpx.Response | tuple[int, Any] | Callable[[httpx.Request], httpx.Response]
 
 
 def answer(status: int, body: Any = None) -> httpx.Response:

@@ -95,7 +95,8 @@ async def status(request: Request) -> Response:
         **d.status_fields(connected_peers=len(connected),
                           connected_enabled_peers=sum(1 for r in connected if r.enabled)),
         "settings": settings.model_dump(),
-        "tailscaleAdminApiConfigured": bool(node.env.tailscale_oauth_client_id and node.env.tailscale_oauth_client_secret),
+        "tailscaleAdminApiConfigured": bool(node.env.tailscale_oauth_client_id
+                                            and node.env.tailscale_oauth_client_secret),
         "localNode": {
             "nodeFqdn": normalize_peer_fqdn(tailnet.self_fqdn),
             "tailnet": tailnet.suffix,
@@ -227,7 +228,7 @@ def status_pins(node: Any, backends: list[Any]) -> list[dict[str, Any]]:
                           and caps.get("acceptingWork") is not False)
             if usable and pin.model is not None:
                 usable = peer_offers(peer, pin.model) is not None
-            elif usable:
+            elif usable and caps is not None:  # usable implies caps; the check narrows it
                 usable = any(b.get("healthy") for b in caps.get("backends") or [])
             row["targetAvailable"] = usable
         out.append(row)

@@ -107,7 +107,8 @@ class Step:
         at_pct = percentile(ttft, pct)
         return {
             "concurrency": self.concurrency, "requests": self.requests, "failed": self.failed,
-            "ttftP50Ms": _r(percentile(ttft, 50)), f"ttftP{pct:g}Ms": _r(at_pct), "ttftMaxMs": _r(ttft[-1] if ttft else None),
+            "ttftP50Ms": _r(percentile(ttft, 50)), f"ttftP{pct:g}Ms": _r(at_pct),
+            "ttftMaxMs": _r(ttft[-1] if ttft else None),
             "totalP50Ms": _r(percentile(total, 50)),
             "requestsPerS": round(len(total) / self.wall_s, 2) if self.wall_s else 0.0,
             "metSlo": bool(self.requests) and self.failed == 0 and at_pct is not None and at_pct <= slo_ms,

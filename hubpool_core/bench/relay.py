@@ -103,7 +103,7 @@ class Target:
 
     @staticmethod
     def used(before: list[procs.CpuSample], after: list[procs.CpuSample]) -> float:
-        return sum(procs.cpu_used(b, a) for b, a in zip(before, after))
+        return sum(procs.cpu_used(b, a) for b, a in zip(before, after, strict=False))
 
 
 @dataclass
@@ -145,7 +145,7 @@ class Report:
             runs = self.of(target, scenario)
             row: dict[str, Any] = {"target": target, "scenario": scenario, "rounds": len(runs)}
             for key in ("rps", "ttfb_p50", "ttfb_p99", "total_p50", "total_p99"):
-                values = [r.result.get(key) for r in runs if r.result.get(key) is not None]
+                values = [v for r in runs if (v := r.result.get(key)) is not None]
                 row[key] = round(statistics.median(values), 3) if values else None
             done = sum(r.result.get("ok", 0) for r in runs)
             row["cpuMsPerRequest"] = round(sum(r.cpu_s for r in runs) * 1000 / done, 3) if done else None
@@ -154,9 +154,9 @@ class Report:
         return out
 
 
-def _median(values: list[float]) -> float | None:
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
+def _median(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
 
 
 def _per_round(report: Report, target: str, base: str, scenario: str,
@@ -237,28 +237,29 @@ def judge_goals(report: Report, targets: dict[str, Target]) -> None:
     p99 = None if why else _per_round(report, hub1, "direct", "nonstream-c1", added("total_p99"))
     g.append(goal("G1", "non-streamed, 1 client: added latency p50 ≤ 0.7 ms, p99 ≤ 3 ms",
                   f"+{_fmt(p50, ' ms')} p50, +{_fmt(p99, ' ms')} p99",
-                  _judge(None if why else (p50 <= 0.7 and p99 <= 3)), why or ""))
+                  _judge(None if why or p50 is None or p99 is None else (p50 <= 0.7 and p99 <= 3)), why or ""))
 
     why = needs("stream-c1", hub1)
     p50 = None if why else _per_round(report, hub1, "direct", "stream-c1", added("ttfb_p50"))
     p99 = None if why else _per_round(report, hub1, "direct", "stream-c1", added("ttfb_p99"))
     g.append(goal("G2", "streamed, 1 client: added time to first byte p50 ≤ 1 ms, p99 ≤ 3 ms",
                   f"+{_fmt(p50, ' ms')} p50, +{_fmt(p99, ' ms')} p99",
-                  _judge(None if why else (p50 <= 1 and p99 <= 3)), why or ""))
+                  _judge(None if why or p50 is None or p99 is None else (p50 <= 1 and p99 <= 3)), why or ""))
 
     why = needs("paced-c16", hub1)
     thr = None if why else _per_round(report, hub1, "direct", "paced-c16", ratio("rps"))
     ttfb99 = None if why else _per_round(report, hub1, "direct", "paced-c16", added("ttfb_p99"))
     g.append(goal("G3", "paced streams (20 ms/token), 16 clients: throughput ≥ 0.98 of direct, added TTFB p99 ≤ 15 ms",
                   f"{_fmt(thr, '', 3)} of direct, +{_fmt(ttfb99, ' ms')} TTFB p99",
-                  _judge(None if why else (thr >= 0.98 and ttfb99 <= 15)), why or ""))
+                  _judge(None if why or thr is None or ttfb99 is None else (thr >= 0.98 and ttfb99 <= 15)),
+                  why or ""))
 
     why = needs("paced-c64", hub1)
     thr = None if why else _per_round(report, hub1, "direct", "paced-c64", ratio("rps"))
     tot = None if why else _per_round(report, hub1, "direct", "paced-c64", ratio("total_p99"))
     g.append(goal("G4", "paced streams, 64 clients: throughput ≥ 0.97 of direct, total p99 ≤ 1.10× direct",
                   f"{_fmt(thr, '', 3)} of direct, total p99 {_fmt(tot, '×', 3)}",
-                  _judge(None if why else (thr >= 0.97 and tot <= 1.10)), why or ""))
+                  _judge(None if why or thr is None or tot is None else (thr >= 0.97 and tot <= 1.10)), why or ""))
 
     why = needs("saturation-c64", hub1) or needs("paced-c16", hub1)
     cpu_ns = None if why else _cpu_ms(report, hub1, ("nonstream-c1", "saturation-c64"))
@@ -266,7 +267,8 @@ def judge_goals(report: Report, targets: dict[str, Target]) -> None:
     g.append(goal("G5", "CPU in the hubpool process: ≤ 1 ms per non-streamed request, ≤ 5 ms per 32-token paced "
                         "stream at 16 clients",
                   f"{_fmt(cpu_ns, ' ms', 3)} non-streamed, {_fmt(cpu_st, ' ms', 3)} per stream",
-                  _judge(None if why else (cpu_ns <= 1 and cpu_st <= 5)), why or ""))
+                  _judge(None if why or cpu_ns is None or cpu_st is None else (cpu_ns <= 1 and cpu_st <= 5)),
+                  why or ""))
 
     transp = report.extra.get("transparency") or {}
     if not transp:
@@ -299,14 +301,14 @@ def judge_goals(report: Report, targets: dict[str, Target]) -> None:
         direct_rps = _median([r.result.get("rps") for r in report.of("direct", "saturation-c64")])
         note = f"direct {_fmt(direct_rps, '', 0)} req/s in the same run (one 2-core box: the load generator shares it)"
     g.append(goal("G8", "saturation, unpaced non-streamed, 64 clients: ≥ 1,500 requests/s per process",
-                  f"{_fmt(rps, ' req/s', 0)}", _judge(None if why else rps >= 1500), why or note))
+                  f"{_fmt(rps, ' req/s', 0)}", _judge(None if why or rps is None else rps >= 1500), why or note))
 
     why = needs("nonstream-c1", hub1, hub2)
     one = None if why else _per_round(report, hub1, "direct", "nonstream-c1", added("total_p50"))
     two = None if why else _per_round(report, hub2, "direct", "nonstream-c1", added("total_p50"))
     g.append(goal("G9", "two hops add at most twice what one hop adds (non-streamed p50, 1 client)",
                   f"1 hop +{_fmt(one, ' ms')}, 2 hops +{_fmt(two, ' ms')}",
-                  _judge(None if why else two <= 2 * max(one, 0.05)), why or ""))
+                  _judge(None if why or one is None or two is None else two <= 2 * max(one, 0.05)), why or ""))
 
     lite = report.extra.get("litellm")
     if lite is None:
@@ -437,8 +439,11 @@ def run_bench(*, quick: bool = False, gate: bool = False, rounds: int | None = N
     if gate:
         two_hops = False
     plan = scenarios(quick, gate)
-    tmp = tempfile.TemporaryDirectory(prefix="hubpool-bench-") if workdir is None else None
-    root = Path(tmp.name) if tmp is not None else workdir
+    tmp = None
+    if workdir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="hubpool-bench-")
+        workdir = Path(tmp.name)
+    root = workdir
     started = procs.Started(root)
     report = Report(config={"quick": quick, "gate": gate, "rounds": rounds, "perRunCapS": per_run_cap,
                             "paceMs": pace_ms, "tokens": TOKENS, "scenarios": [s.__dict__ for s in plan],
@@ -543,7 +548,8 @@ def _memory(node: procs.BenchNode, driver: LoadDriver, target: Target, cap: floa
     """RSS of the one-hop node once its routing log holds 10,000 rows: the moment the fill ends,
     and steady — after one heap-trim interval idle, the node's own state between bursts."""
     body = Scenario("fill", FAST, False, 64, 1).body()
-    before = {"rssMb": procs.rss_mb(node.proc.pid), "rows": node.op("GET", "/routing-log?limit=1")["summary"]["recorded"]}
+    before = {"rssMb": procs.rss_mb(node.proc.pid),
+              "rows": node.op("GET", "/routing-log?limit=1")["summary"]["recorded"]}
     for _ in range(5):
         rows = node.op("GET", "/routing-log?limit=1")["summary"]["recorded"]
         if rows >= 10_000:

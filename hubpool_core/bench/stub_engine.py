@@ -199,7 +199,7 @@ class StubProtocol(asyncio.Protocol):
         self.transport.write(b"0\r\n\r\n")
 
 
-async def serve(host: str, port: int, pace_ms: float, tokens: int) -> asyncio.AbstractServer:
+async def serve(host: str, port: int, pace_ms: float, tokens: int) -> asyncio.Server:
     """Start the stub on ``host:port`` (port 0 picks one) and return the server."""
     loop = asyncio.get_running_loop()
     return await loop.create_server(lambda: StubProtocol(pace_ms / 1000, tokens), host, port, backlog=2048)

@@ -61,7 +61,7 @@ def placement(rounds: int = typer.Option(2000, "--rounds", min=10, max=1_000_000
     for size in (5, 20, 100):
         peers = _pool(size, sorted(node.engine_by_kind) or ["engine"])
 
-        def base() -> list:
+        def base(peers: list[Any] = peers) -> list:  # this size's pool, bound now
             return build_candidates("m:8b", [], peers, load, local_affinity=1, pressure_weight=1, poll_seconds=30)
 
         def full() -> list:
@@ -130,7 +130,8 @@ def _summary_table(rows: list[dict]) -> None:
 
 
 @bench_app.command("relay")
-def relay(quick: bool = typer.Option(False, "--quick", help="Short counts (about 1–2 minutes), for CI and a first look."),
+def relay(quick: bool = typer.Option(False, "--quick", help="Short counts (about 1–2 minutes), for CI and a "
+                                                            "first look."),
           gate: bool = typer.Option(False, "--gate", help="The CI gate: a short run asserting loose ratios; exit 1 "
                                                           "when one fails."),
           rounds: int | None = typer.Option(None, "--rounds", min=1, max=50,
@@ -218,8 +219,9 @@ def capacity(model: str = typer.Option(..., "--model", "-m", help="The model to 
     else:
         steps = levels_up_to(max_concurrency)
     base = url or EnvSettings().base_url
-    kwargs = dict(route=route, slo_ttft_ms=slo_ttft_ms, pct=pct, levels=steps, duration_s=duration,
-                  prompt_tokens=prompt_tokens, max_tokens=max_tokens, shared_prefix=shared_prefix, api_key=api_key)
+    kwargs: dict[str, Any] = dict(route=route, slo_ttft_ms=slo_ttft_ms, pct=pct, levels=steps, duration_s=duration,
+                                  prompt_tokens=prompt_tokens, max_tokens=max_tokens, shared_prefix=shared_prefix,
+                                  api_key=api_key)
     if as_json or not out.is_terminal:
         def said(c: int, figures: dict | None) -> None:
             if figures is None:

@@ -125,7 +125,7 @@ def peer_engines(peer: dict[str, Any]) -> str:
     for b in caps.get("backends") or []:
         if not isinstance(b, dict):
             continue
-        models = b.get("modelsLoaded") if isinstance(b.get("modelsLoaded"), list) else []
+        models = m if isinstance(m := b.get("modelsLoaded"), list) else []
         out.append(f"{b.get('type', '?')}({len(models) if b.get('healthy') else '✗'})")
     return " ".join(out) or "none"
 

@@ -49,7 +49,8 @@ def responsible_switch(status: dict[str, Any], direction: str | None) -> str | N
 
 
 def pooling_text(status: dict[str, Any]) -> str:
-    text = POOLING.get(status.get("reason"), str(status.get("reason")))
+    reason = str(status.get("reason"))  # as a str: a non-str value matches no key either way
+    text = POOLING.get(reason, reason)
     if status.get("reason") == "partially_disabled":
         dirs = status.get("directions") or {}
         off = [name for name in DIRECTIONS if not (dirs.get(name) or {}).get("enabled", True)]

@@ -101,7 +101,8 @@ def _caps_check(node: Any) -> dict[str, Any]:
                       "collect exactly the windows their engine may not run",
                       "hubpool context-cap <the engine's context length> on each of them")
     if len(set(capped.values())) > 1:
-        return _check("F2", "Context caps", WARNING, "caps disagree: " + ", ".join(f"{n}={c}" for n, c in capped.items())
+        return _check("F2", "Context caps", WARNING,
+                      "caps disagree: " + ", ".join(f"{n}={c}" for n, c in capped.items())
                       + " (a low-capped node stops taking large windows while passing every health check)")
     return _check("F2", "Context caps", READY, f"every node caps at {next(iter(capped.values()))}")
 

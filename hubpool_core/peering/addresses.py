@@ -162,21 +162,24 @@ def parse_address(value: str) -> ProbeTarget:
         )
     text = value.strip()
     if not text:
-        raise ValueError(f"Give the other Hub's address: an IP address or host name, optionally with :port ({_EXAMPLE}).")
+        raise ValueError("Give the other Hub's address: an IP address or host name, optionally with "
+                         f":port ({_EXAMPLE}).")
     if _SCHEME.match(text):
         raise ValueError(
             f"Give the address without a scheme ({_EXAMPLE}): the probe chooses http itself and asks "
             "/api/inference/pool/identify on its own."
         )
     if "@" in text:
-        raise ValueError(f"An address cannot carry credentials (user@host); give just the host and, if needed, :port ({_EXAMPLE}).")
+        raise ValueError("An address cannot carry credentials (user@host); give just the host and, if needed, "
+                         f":port ({_EXAMPLE}).")
     if "/" in text or "\\" in text:
         raise ValueError(
             f"Give just the host and, if needed, :port — no path ({_EXAMPLE}); the probe asks "
             "/api/inference/pool/identify on its own."
         )
     if "?" in text or "#" in text:
-        raise ValueError(f"An address cannot carry a query or a fragment; give just the host and, if needed, :port ({_EXAMPLE}).")
+        raise ValueError("An address cannot carry a query or a fragment; give just the host and, if needed, "
+                         f":port ({_EXAMPLE}).")
     if any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in text):
         raise ValueError(f"An address cannot contain spaces or control characters ({_EXAMPLE}).")
     if "%" in text:
@@ -206,12 +209,14 @@ def _split_host_port(text: str) -> tuple[str, str | None]:
     if text.startswith("["):
         close = text.find("]")
         if close < 0:
-            raise ValueError(f"'{text}' opens a bracket it never closes; write an IPv6 address as [fd00::1] or [fd00::1]:5002.")
+            raise ValueError(f"'{text}' opens a bracket it never closes; write an IPv6 address as [fd00::1] or "
+                             "[fd00::1]:5002.")
         inner, rest = text[1:close], text[close + 1:]
         try:
             ipaddress.IPv6Address(inner)
         except ValueError:
-            raise ValueError(f"'{inner}' in brackets is not an IPv6 address; brackets are only for IPv6 ({_EXAMPLE}).") from None
+            raise ValueError(f"'{inner}' in brackets is not an IPv6 address; brackets are only for IPv6 "
+                             f"({_EXAMPLE}).") from None
         if not rest:
             return inner, None
         if not rest.startswith(":"):
@@ -258,7 +263,8 @@ def _checked_hostname(host: str) -> str:
     if _ALL_DIGITS.fullmatch(labels[-1]) or _inet_aton_accepts(name):
         # "192.168.1" or "127.1" or "0x7f000001": getaddrinfo would read these as IPv4 in a
         # form the operator did not write; insist on the dotted quad that gets checked.
-        raise ValueError(f"'{host}' is not a valid IPv4 address; write it as four dot-separated numbers, as in 192.168.1.42.")
+        raise ValueError(f"'{host}' is not a valid IPv4 address; write it as four dot-separated numbers, "
+                         "as in 192.168.1.42.")
     return name
 
 
@@ -348,7 +354,8 @@ def _kind_of(ip: IPAddress) -> str:
     return "a reserved or special-purpose address"
 
 
-_ALLOWED_WORDS = "an RFC1918 LAN address (10/8, 172.16/12, 192.168/16), a tailnet/CGNAT address (100.64.0.0/10) or an IPv6 ULA (fc00::/7)"
+_ALLOWED_WORDS = ("an RFC1918 LAN address (10/8, 172.16/12, 192.168/16), a tailnet/CGNAT address (100.64.0.0/10) "
+                  "or an IPv6 ULA (fc00::/7)")
 
 
 async def _system_resolver(host: str) -> list[str]:
@@ -391,10 +398,12 @@ async def resolve_checked(
     try:
         answers = list(await asyncio.wait_for(resolve(target.host), timeout_s))
     except TimeoutError:
-        raise AddressUnresolvable(f"{target.host} did not resolve within {timeout_s:g} s; check the name, or give the Hub's IP address.") from None
+        raise AddressUnresolvable(f"{target.host} did not resolve within {timeout_s:g} s; check the name, "
+                                  "or give the Hub's IP address.") from None
     except (OSError, UnicodeError) as exc:  # socket.gaierror is an OSError
         why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-        raise AddressUnresolvable(f"{target.host} could not be resolved ({why}); check the name, or give the Hub's IP address.") from None
+        raise AddressUnresolvable(f"{target.host} could not be resolved ({why}); check the name, "
+                                  "or give the Hub's IP address.") from None
 
     checked: list[str] = []
     for answer in answers:
@@ -410,7 +419,8 @@ async def resolve_checked(
         if canonical not in checked:
             checked.append(canonical)
     if not checked:
-        raise AddressUnresolvable(f"{target.host} resolves to no address; check the name, or give the Hub's IP address.")
+        raise AddressUnresolvable(f"{target.host} resolves to no address; check the name, "
+                                  "or give the Hub's IP address.")
     return checked
 
 

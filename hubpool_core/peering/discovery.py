@@ -238,7 +238,7 @@ async def probe_identify(
         return await asyncio.wait_for(exchange(), timeout_s)
     except TimeoutError:
         return _verdict(False, None, "unreachable")
-    except Exception as exc:  # httpx errors, a bad URL, a socket error: never break the caller
+    except Exception as exc:  # noqa: BLE001 - httpx errors, a bad URL, a socket error: never break the caller
         log.debug("identify probe of %s failed: %s", url, type(exc).__name__)
         return _verdict(False, None, "unreachable")
 
@@ -252,7 +252,7 @@ def https_peer_url(fqdn: str) -> str:
 async def _listed(directory: Directory) -> list[DirectoryCandidate]:
     try:
         found = await directory.candidates()
-    except Exception as exc:  # spec: a directory that fails contributes nothing
+    except Exception as exc:  # noqa: BLE001 - spec: a directory that fails contributes nothing
         log.debug("directory %s failed to list candidates: %r", getattr(directory, "name", directory), exc)
         return []
     return list(found) if isinstance(found, (list, tuple)) else []
@@ -262,7 +262,7 @@ def _consulted(directory: Directory, tailnet_connected: bool) -> bool:
     try:
         if not directory.configured():
             return False  # contract: an unconfigured directory makes no call at all
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - a plugin's configured() that raises reads as unconfigured
         log.debug("directory %s could not say whether it is configured: %r", getattr(directory, "name", directory), exc)
         return False
     # spec: the Admin API is queried with the tailnet name the local daemon reports, so a node
@@ -326,7 +326,7 @@ async def discover(
         async with gate:
             try:
                 base = peer_url(peer.nodeFqdn)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - a name with no URL is one unreachable peer, not a failed answer
                 log.debug("no URL for %s: %r", peer.nodeFqdn, exc)
                 return _verdict(False, None, "unreachable")
             return await probe_identify(http, base, timeout_s)
@@ -334,7 +334,7 @@ async def discover(
     verdicts = await asyncio.gather(*(probe(peer) for peer in candidates))
     peers: list[dict[str, Any]] = []
     unanswered: list[dict[str, Any]] = []
-    for peer, verdict in zip(candidates, verdicts):
+    for peer, verdict in zip(candidates, verdicts, strict=True):
         if verdict["isCiHub"]:
             peers.append(peer.as_json())
         else:

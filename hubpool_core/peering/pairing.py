@@ -372,7 +372,7 @@ class Pairing:
         """New keypair, same UUID; every peer is told (signed with the old key) and unpaired."""
         rows = self.repo.all()
         told = await asyncio.gather(*(self._notify(r, "/pair/unpair") for r in rows))
-        unreachable = [r.node_fqdn for r, ok in zip(rows, told) if not ok]
+        unreachable = [r.node_fqdn for r, ok in zip(rows, told, strict=True) if not ok]
         self.repo.delete_all()
         if self.node.identity.get() is None:
             raise PairingError(503, f"This node's pool identity cannot be loaded: {self.node.identity.error}")

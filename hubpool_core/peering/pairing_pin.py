@@ -194,7 +194,7 @@ class SourceCooldown:
             self._prune(now_ms)
             entry = self._entries.get(key)
             within = entry is not None and now_ms - entry.last_strike_ms <= COOLDOWN_STRIKE_WINDOW_MS
-            strikes = (entry.strikes if within else 0) + 1
+            strikes = (entry.strikes if entry is not None and within else 0) + 1
             rounds = entry.rounds if entry else 0
             withheld_until = entry.withheld_until_ms if entry else 0
             # A key already withheld once has spent its benefit of the doubt: one strike settles it.

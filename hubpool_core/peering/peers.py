@@ -13,7 +13,7 @@ import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, overload
 
 from nacl.secret import SecretBox
 from sqlalchemy import Connection, delete, func, insert, select, update
@@ -31,6 +31,10 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+@overload
+def aware(value: datetime) -> datetime: ...
+@overload
+def aware(value: None) -> None: ...
 def aware(value: datetime | None) -> datetime | None:
     """SQLite hands back naive datetimes; every stored time is UTC."""
     if value is not None and value.tzinfo is None:
@@ -53,7 +57,9 @@ def token_hash(token: str) -> str:
 
 
 def tokens_match(presented: str, stored_hash: str | None) -> bool:
-    return bool(stored_hash) and hmac.compare_digest(token_hash(presented), stored_hash)
+    if not stored_hash:
+        return False
+    return hmac.compare_digest(token_hash(presented), stored_hash)
 
 
 def _box(node_secret: bytes, salt: str) -> SecretBox:

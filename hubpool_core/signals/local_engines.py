@@ -131,7 +131,7 @@ class LocalEngines:
             return []
         if ttl_ms <= 0:
             snaps = await asyncio.gather(*(self._probe_task(i) for i in range(len(self.engines))))
-            return [LocalBackend(e, s) for e, s in zip(self.engines, snaps)]
+            return [LocalBackend(e, s) for e, s in zip(self.engines, snaps, strict=True)]
         out: dict[int, Snapshot] = {}
         cold: dict[int, asyncio.Task] = {}
         for i in range(len(self.engines)):
@@ -154,7 +154,8 @@ class LocalEngines:
                     # the probe keeps running and its answer replaces this when it lands
                     out[i] = self._snapshots[i] = Snapshot(
                         ProbeResult(running=False, healthy=False,
-                                    error=f"no answer within the {PLACEMENT_BUDGET_MS} ms placement budget; still probing"),
+                                    error=f"no answer within the {PLACEMENT_BUDGET_MS} ms placement budget; "
+                                          "still probing"),
                         time.monotonic(),
                     )
         return [LocalBackend(self.engines[i], out[i]) for i in range(len(self.engines))]

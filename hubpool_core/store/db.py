@@ -114,9 +114,9 @@ def head_revision() -> str | None:
                     values[node.targets[0].id] = ast.literal_eval(node.value)
                 except ValueError:
                     return None
-        if isinstance(values.get("revision"), str):
-            revisions[values["revision"]] = values.get("down_revision")
-    followed = set()
+        if isinstance(revision := values.get("revision"), str):
+            revisions[revision] = values.get("down_revision")
+    followed: set[object] = set()
     for down in revisions.values():
         followed.update(down if isinstance(down, (tuple, list)) else [down])
     heads = [r for r in revisions if r not in followed]

@@ -51,8 +51,8 @@ SEEN_LIMIT = 8192
 
 def reason_kind(attempt: dict[str, Any]) -> str:
     """The closed kind of one passed-over attempt (routing-log ``attempts[]``)."""
-    reason = attempt.get("reason") if isinstance(attempt.get("reason"), str) else ""
-    status = attempt.get("status") if isinstance(attempt.get("status"), int) else None
+    reason = r if isinstance(r := attempt.get("reason"), str) else ""
+    status = s if isinstance(s := attempt.get("status"), int) else None
     if reason.startswith("No response headers within"):
         return "deadline"
     if reason.startswith("fetch failed") or reason.startswith(TRUNCATED + " ("):
@@ -83,7 +83,8 @@ class _Histogram:
         self.sum += seconds
 
     def buckets(self) -> list[tuple[str, float]]:
-        return [(floatToGoString(b), float(c)) for b, c in zip(BUCKETS, accumulate(self.counts))] + [
+        # one count more than bounds: the overflow, which only the +Inf total includes
+        return [(floatToGoString(b), float(c)) for b, c in zip(BUCKETS, accumulate(self.counts), strict=False)] + [
             ("+Inf", float(self.total))]
 
 
@@ -112,12 +113,13 @@ class NodeMetrics:
 
     def observe(self, row: dict[str, Any]) -> bool:
         """Count one settled row; False when it was already counted or is still pending."""
-        outcome = row.get("outcome")
+        outcome: Any = row.get("outcome")
         if outcome == "pending":
             return False  # not settled: a later broadcast of the same row counts it
         key = (row.get("id"), row.get("direction"), row.get("at"))
-        route = row.get("path") if row.get("path") in ROUTES else "other"
-        direction = row.get("direction") if row.get("direction") in DIRECTIONS else "other"
+        # row[...] once .get() found the value in the set: typed Any, where .get() is Any | None
+        route = row["path"] if row.get("path") in ROUTES else "other"
+        direction = row["direction"] if row.get("direction") in DIRECTIONS else "other"
         labels = (route, direction, outcome if outcome in OUTCOMES else "other", self._node_label(row.get("node")))
         attempts = row.get("attempts") if direction == "outbound" else None
         kinds = [reason_kind(a) for a in attempts or [] if isinstance(a, dict)]
@@ -157,10 +159,10 @@ class NodeMetrics:
                 ("hubpool_time_to_headers_seconds", "Time until the answer's headers were sent (routing-log "
                  "durationMs)", to_headers),
                 ("hubpool_request_duration_seconds", "Time until the answer ended (routing-log totalMs)", duration)):
-            m = HistogramMetricFamily(name, doc, labels=["route", "direction"])
-            for labels, (buckets, total) in sorted(data.items()):
-                m.add_metric(list(labels), buckets, total)
-            yield m
+            hist = HistogramMetricFamily(name, doc, labels=["route", "direction"])
+            for key, (buckets, total) in sorted(data.items()):
+                hist.add_metric(list(key), buckets, total)
+            yield hist
         yield from self._gauges()
 
     def _gauges(self) -> Iterator[Metric]:

@@ -119,9 +119,9 @@ class RoutingLog:
 
     @staticmethod
     def _as_dict(row: dict[str, Any] | tuple[Any, ...]) -> dict[str, Any]:
-        if type(row) is dict:
+        if isinstance(row, dict):  # narrows the type; the same check as type() for a dict or a tuple
             return row
-        out = dict(zip(ROW_KEYS, row))
+        out = dict(zip(ROW_KEYS, row, strict=False))
         for i in _LIST_FIELDS:
             if row[i] == ():
                 out[ROW_KEYS[i]] = []

@@ -99,7 +99,9 @@ def build(environ: Mapping[str, str], instance: str | None = None) -> NodeTracer
     if service or str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
         resource = resource.merge(Resource({"service.name": service or DEFAULT_SERVICE_NAME}))
     provider = TracerProvider(resource=resource)
-    batch = {arg: int(environ[var]) for var, arg in _BSP_VARS.items() if (environ.get(var) or "").strip().isdigit()}
+    # BatchSpanProcessor's numeric keywords: Any, as mypy cannot match a **dict to them by name
+    batch: dict[str, Any] = {arg: int(environ[var]) for var, arg in _BSP_VARS.items()
+                             if (environ.get(var) or "").strip().isdigit()}
     for name in names:
         if name == "otlp":
             exporter: Any = OTLPSpanExporter(endpoint=_otlp_endpoint(environ))

@@ -49,18 +49,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="a model to serve, with its context window (repeatable; names containing 'embed' are embedding "
         "models; default: llama3.2:3b:8192 and nomic-embed-text)",
     )
-    parser.add_argument("--slots", type=int, metavar="N", help="requests generating at once; the rest queue (default: 4)")
-    parser.add_argument("--prefill-tps", type=float, metavar="TPS", help="prompt tokens per second; 0 = instant (default)")
-    parser.add_argument("--decode-tps", type=float, metavar="TPS", help="generated tokens per second; 0 = instant (default)")
-    parser.add_argument("--decode-ms-per-token", type=float, metavar="MS", help="delay per generated token; overrides --decode-tps")
-    parser.add_argument("--load-ms", type=float, metavar="MS", help="delay the first request to a model not yet resident")
+    parser.add_argument("--slots", type=int, metavar="N",
+                        help="requests generating at once; the rest queue (default: 4)")
+    parser.add_argument("--prefill-tps", type=float, metavar="TPS",
+                        help="prompt tokens per second; 0 = instant (default)")
+    parser.add_argument("--decode-tps", type=float, metavar="TPS",
+                        help="generated tokens per second; 0 = instant (default)")
+    parser.add_argument("--decode-ms-per-token", type=float, metavar="MS",
+                        help="delay per generated token; overrides --decode-tps")
+    parser.add_argument("--load-ms", type=float, metavar="MS",
+                        help="delay the first request to a model not yet resident")
     parser.add_argument("--tokens", type=int, metavar="N",
                         help="tokens in an answer that sets no max_tokens / num_predict (default: 8)")
     parser.add_argument("--embedding-dim", type=int, metavar="N", help="embedding vector length (default: 8)")
-    parser.add_argument("--timings", action="store_true", default=None, help="llamacpp: add llama-server's timings block")
+    parser.add_argument("--timings", action="store_true", default=None,
+                        help="llamacpp: add llama-server's timings block")
     parser.add_argument("--no-prompt-cache", dest="prompt_cache", action="store_false", default=None,
                         help="never report cached prompt tokens")
-    parser.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' (health probes stay open)")
+    parser.add_argument("--api-key", metavar="KEY",
+                        help="require 'Authorization: Bearer KEY' (health probes stay open)")
     parser.add_argument("--preload", action="append", metavar="ID", help="a model resident from the start (repeatable)")
     parser.add_argument("--fault", action="append", metavar="SPEC", help="arm a fault at start (repeatable; see below)")
     parser.add_argument("--config", metavar="FILE", help="JSON or TOML file with SimConfig fields; flags override it")
@@ -69,8 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
     data: dict[str, Any] = read_config_file(args.config) if args.config else {}
-    simple = ("flavor", "host", "port", "slots", "prefill_tps", "decode_tps", "decode_ms_per_token", "load_ms", "tokens",
-              "embedding_dim", "timings", "prompt_cache", "api_key")
+    simple = ("flavor", "host", "port", "slots", "prefill_tps", "decode_tps", "decode_ms_per_token", "load_ms",
+              "tokens", "embedding_dim", "timings", "prompt_cache", "api_key")
     data.update({name: getattr(args, name) for name in simple if getattr(args, name) is not None})
     if args.model:
         data["models"] = [parse_model_spec(spec) for spec in args.model]

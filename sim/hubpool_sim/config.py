@@ -183,7 +183,8 @@ class SimConfig:
         """Apply runtime changes; refuses the fields that decide which routes exist."""
         unknown = set(changes) - set(RUNTIME_FIELDS)
         if unknown:
-            raise ValueError(f"cannot change {', '.join(sorted(unknown))} at runtime; changeable: {', '.join(RUNTIME_FIELDS)}")
+            raise ValueError(f"cannot change {', '.join(sorted(unknown))} at runtime; "
+                             f"changeable: {', '.join(RUNTIME_FIELDS)}")
         converted = {}
         for name, value in changes.items():
             if value is None and name not in _NULLABLE:

@@ -28,7 +28,8 @@ async def _body(request: web.Request) -> Any:
     try:
         return await request.json()
     except json.JSONDecodeError as exc:
-        raise web.HTTPBadRequest(text=json.dumps({"error": f"body is not JSON: {exc}"}), content_type="application/json")
+        raise web.HTTPBadRequest(text=json.dumps({"error": f"body is not JSON: {exc}"}),
+                                 content_type="application/json") from exc
 
 
 async def stats(request: web.Request) -> web.Response:

@@ -336,7 +336,7 @@ def table(rows: list[Placed]) -> list[str]:
     widths = [max(len(title), *(len(getattr(r, attr)) for r in rows)) for title, attr in cols]
 
     def line(values: list[str]) -> str:
-        return "  " + "  ".join(v.ljust(w) for v, w in zip(values, widths)).rstrip()
+        return "  " + "  ".join(v.ljust(w) for v, w in zip(values, widths, strict=True)).rstrip()
 
     return [line([t for t, _ in cols])] + [line([getattr(r, a) for _, a in cols]) for r in rows]
 

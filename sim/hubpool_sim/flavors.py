@@ -49,7 +49,8 @@ class Flavor:
             return _OPENAI_SHIM_TYPES.get(status, "api_error")
         return _LLAMACPP_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
 
-    def error_body(self, status: int, message: str, *, native: bool = False, error_type: str | None = None) -> dict[str, Any]:
+    def error_body(self, status: int, message: str, *, native: bool = False,
+                   error_type: str | None = None) -> dict[str, Any]:
         """The body this engine sends with ``status``; ``native`` picks Ollama's /api/* shape."""
         kind = error_type or self.error_type(status)
         if self.name == "ollama":

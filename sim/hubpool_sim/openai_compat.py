@@ -110,7 +110,8 @@ def _choice(chat: bool, text: str, finish: str | None, *, delta: bool, empty_del
     if not chat:
         return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
     if delta:
-        return {"index": 0, "delta": {} if empty_delta else {"content": text}, "logprobs": None, "finish_reason": finish}
+        return {"index": 0, "delta": {} if empty_delta else {"content": text}, "logprobs": None,
+                "finish_reason": finish}
     return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
 
 
@@ -158,7 +159,8 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
     prompt_tokens = sum(count_tokens(t) for t in texts)
     answer = {
         "object": "list",
-        "data": [{"object": "embedding", "index": i, "embedding": embedding(t, model.id, dim)} for i, t in enumerate(texts)],
+        "data": [{"object": "embedding", "index": i, "embedding": embedding(t, model.id, dim)}
+                 for i, t in enumerate(texts)],
         "model": model.id,
         "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
     }
@@ -170,7 +172,8 @@ async def models(request: web.Request) -> web.Response:
     created = int(engine.started_at)
     data = []
     for model in engine.config.models:
-        entry: dict[str, Any] = {"id": model.id, "object": "model", "created": created, "owned_by": engine.flavor.owned_by}
+        entry: dict[str, Any] = {"id": model.id, "object": "model", "created": created,
+                                 "owned_by": engine.flavor.owned_by}
         if engine.flavor.name == "vllm":
             entry.update(root=model.id, parent=None, max_model_len=model.window)
         elif engine.flavor.name == "llamacpp":

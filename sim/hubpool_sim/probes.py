@@ -26,7 +26,8 @@ async def vllm_metrics(request: web.Request) -> web.Response:
         ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", waiting),
     ):
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
-        lines += [f'{name}{{engine="0",model_name="{m.id}"}} {float(counts.get(m.id, 0))}' for m in engine.config.models]
+        lines += [f'{name}{{engine="0",model_name="{m.id}"}} {float(counts.get(m.id, 0))}'
+                  for m in engine.config.models]
     return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
 

@@ -61,7 +61,8 @@ def _routes(flavor: Flavor) -> tuple[list[tuple[str, str, Handler]], set[str], s
         ]
     extra: dict[str, list[tuple[str, Handler]]] = {
         "vllm": [("/health", probes.vllm_health), ("/metrics", probes.vllm_metrics)],
-        "llamacpp": [("/health", probes.llamacpp_health), ("/props", probes.llamacpp_props), ("/slots", probes.llamacpp_slots)],
+        "llamacpp": [("/health", probes.llamacpp_health), ("/props", probes.llamacpp_props),
+                     ("/slots", probes.llamacpp_slots)],
         "lemonade": [("/api/v1/health", probes.lemonade_health)],
         "omlx": [("/health", probes.omlx_health)],
     }
@@ -264,7 +265,7 @@ class ThreadedSimServer:
             self._loop = loop
             try:
                 loop.run_until_complete(self.server.start())
-            except BaseException as exc:  # report a failed start (port taken) to the caller
+            except BaseException as exc:  # noqa: BLE001 - report a failed start (port taken) to the caller
                 failure.append(exc)
                 ready.set()
                 loop.close()

@@ -60,7 +60,7 @@ class LemonadeEngine(Engine):
                 for e in await self.openai_models(http)
             )
             return ProbeResult(running=True, healthy=True, models=models)
-        except Exception as exc:  # the contract: a probe never raises, whatever came back
+        except Exception as exc:  # noqa: BLE001 - the contract: a probe never raises, whatever came back
             return self.probe_failure(exc)
 
     async def residency(self, http: httpx.AsyncClient) -> list[ResidentModel] | None:

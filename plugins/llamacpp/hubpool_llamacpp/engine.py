@@ -91,7 +91,7 @@ class LlamacppEngine(Engine):
                 for e in entries
             )
             return ProbeResult(running=True, healthy=True, models=models, slots=slots)
-        except Exception as exc:  # the contract: a probe never raises, whatever came back
+        except Exception as exc:  # noqa: BLE001 - the contract: a probe never raises, whatever came back
             return self.probe_failure(exc)
 
     async def residency(self, http: httpx.AsyncClient) -> list[ResidentModel] | None:

@@ -69,7 +69,7 @@ class OllamaEngine(Engine):
                 for e in entries
             )
             return ProbeResult(running=True, healthy=True, models=models)
-        except Exception as exc:  # the contract: a probe never raises, whatever came back
+        except Exception as exc:  # noqa: BLE001 - the contract: a probe never raises, whatever came back
             return self.probe_failure(exc)
 
     async def residency(self, http: httpx.AsyncClient) -> list[ResidentModel] | None:
@@ -82,7 +82,7 @@ class OllamaEngine(Engine):
                               size_vram=_count(e.get("size_vram")))
                 for e in entries
             ]
-        except Exception:  # ProbeFailed included: a failed read says nothing about memory
+        except Exception:  # noqa: BLE001 - ProbeFailed included: a failed read says nothing about memory
             return None
 
     def timings(self, body: Mapping[str, Any]) -> Timings | None:

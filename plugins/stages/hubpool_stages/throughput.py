@@ -232,7 +232,7 @@ class ThroughputStage(Stage):
             staying = [c for c in members if not any(c is g for g in going)]
             at_fast = next(i for i, c in enumerate(staying) if c is members[last_fast])
             ordered = staying[:at_fast + 1] + going + staying[at_fast + 1:]
-            for at, cand in zip(positions, ordered):
+            for at, cand in zip(positions, ordered, strict=True):
                 result[at] = cand
             moved.extend(going)
         moved.sort(key=lambda c: result.index(c))
@@ -293,7 +293,7 @@ class SlowerPlacementStage(Stage):
         for positions in _members_by(out, lambda c: group_of(context, c)).values():
             members = [out[at] for at in positions]
             ordered = self._walk(members, context, preds, ratio, floor, gave_way, moves)
-            for at, cand in zip(positions, ordered):
+            for at, cand in zip(positions, ordered, strict=True):
                 result[at] = cand
         if section is not None:
             section.setdefault("slowerDemoted", []).extend(moves)

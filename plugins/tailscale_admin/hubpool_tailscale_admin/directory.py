@@ -183,7 +183,7 @@ class TailscaleAdminDirectory(Directory):
                 type(exc).__name__,
                 self.api_url,
             )
-        except Exception as exc:  # never break discovery, never leak a credential
+        except Exception as exc:  # noqa: BLE001 - never break discovery, never leak a credential
             log.debug("tailscale_admin: device list unavailable: unexpected %s", type(exc).__name__)
         return None
 

@@ -140,7 +140,7 @@ class TailscaleDaemonDirectory(Directory):
         try:
             reading = await self._read()
             return self._peers(reading.status) if reading.status is not None else []
-        except Exception as exc:  # never break discovery
+        except Exception as exc:  # noqa: BLE001 - never break discovery
             log.debug("tailscale_daemon: could not list peers: %s", exc)
             return []
 
@@ -154,7 +154,7 @@ class TailscaleDaemonDirectory(Directory):
             if not reading.parsed:
                 reading.parsed.append(self._status(reading.status))
             return reading.parsed[0]
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - an unreadable status is a disconnected tailnet, said plainly
             log.debug("tailscale_daemon: could not read tailnet status: %s", exc)
             return TailnetStatus(connected=False, error=f"tailscale status could not be read ({exc})")
 
@@ -302,7 +302,7 @@ class TailscaleDaemonDirectory(Directory):
             return
         try:
             await asyncio.wait_for(proc.wait(), 2.0)
-        except Exception:
+        except Exception:  # noqa: BLE001 - best-effort reap of a killed child; nothing to report
             pass
 
     @staticmethod
