@@ -1,7 +1,8 @@
 """The test lanes: what ``-m "not slow"`` (CONTRIBUTING.md, the fast lane) leaves out.
 
-Slow is decided by path, from measured durations on a 2-core machine: whole-process and
-browser suites, and the end-to-end files that take many seconds each. The full suite
+Slow is decided by path, from measured durations on a 2-core machine (the figures beside
+each entry, from a full run's JUnit report): the whole-process and browser suites, and every
+file whose tests take 5 s or more together. The full suite
 (``uv run pytest``, what CI runs) still runs everything.
 """
 
@@ -11,14 +12,36 @@ import pytest
 
 #: paths (relative to the repository root) whose tests are slow
 SLOW = (
-    "tests/fault/",
-    "tests/web/",
-    "tests/real_engine/",
-    "tests/security/test_api_fuzz.py",
-    "tests/test_chaos.py",
-    "tests/test_bench_relay.py",
-    "tests/test_bench_capacity.py",
-    "tests/test_serve.py",
+    "tests/fault/",  # whole processes under injected faults: 262 s
+    "tests/web/",  # a real browser: 60 s
+    "tests/real_engine/",  # a real llama-server: 14 s
+    "plugins/vllm/tests/test_vllm_queue_depth_node.py",  # 6 s
+    "sim/tests/test_demo.py",  # 53 s
+    "tests/security/test_api_fuzz.py",  # 15 s
+    "tests/security/test_pin_and_recreated_peer.py",  # 11 s
+    "tests/security/test_signing_attacks.py",  # 13 s
+    "tests/security/test_upgrade_state_machine.py",  # 17 s
+    "tests/test_advice.py",  # 24 s
+    "tests/test_affinity_contention.py",  # 9 s
+    "tests/test_bad_input.py",  # 14 s
+    "tests/test_bench_capacity.py",  # 42 s
+    "tests/test_chaos.py",  # 66 s
+    "tests/test_cli.py",  # 59 s
+    "tests/test_cli_pool.py",  # 150 s
+    "tests/test_clients_ollama.py",  # 7 s
+    "tests/test_identity_lifecycle.py",  # 8 s
+    "tests/test_pairing.py",  # 36 s
+    "tests/test_peer_security.py",  # 6 s
+    "tests/test_placement_entry.py",  # 10 s
+    "tests/test_plugins.py",  # 17 s
+    "tests/test_routing.py",  # 41 s
+    "tests/test_routing_log.py",  # 8 s
+    "tests/test_serve.py",  # 14 s
+    "tests/test_serve_path.py",  # 12 s
+    "tests/test_split_stages.py",  # 18 s
+    "tests/test_throughput_e2e.py",  # 19 s
+    "tests/test_tracing.py",  # 15 s
+    "tests/test_verdicts_output.py",  # 9 s
 )
 
 
