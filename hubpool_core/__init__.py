@@ -3,6 +3,12 @@
 Plugins import what they implement from here::
 
     from hubpool_core import hookimpl, Engine, ProbeResult, ModelInfo
+
+The top level holds that API and the foundations every room shares: ``hookspecs.py`` (the
+plugin contract), ``engine.py``, ``directory.py``, ``pressure.py`` and ``stage.py`` (the
+ABCs), ``plugins.py`` (the plugin host), ``config.py`` (environment and pool settings),
+``models_ids.py``, ``periodic.py`` and ``testing.py`` (aids for plugin tests). The rooms are
+subpackages; ARCHITECTURE.md maps them.
 """
 
 import sys as _sys

@@ -12,7 +12,7 @@
 - ``output_check.py``: judging a 200 that may not be an answer.
 - ``translate.py``: native (NDJSON) requests served by an OpenAI-only engine.
 
-The rest of the core uses only the names below.
+The rest of the core uses the names below, and telemetry the fault names of ``output_check``.
 """
 
 from hubpool_core.proxy.connector import ReuseAwareConnector
