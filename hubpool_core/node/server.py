@@ -1,4 +1,4 @@
-"""Running a node under uvicorn (uvloop and httptools, as measured in perf-baseline)."""
+"""Running a node under uvicorn (uvloop and httptools, as measured: docs/performance.md)."""
 
 from __future__ import annotations
 

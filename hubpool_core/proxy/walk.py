@@ -1,7 +1,7 @@
 """The relay: walk the ranked candidates, commit to the first good answer, pass its bytes.
 
 This is the hot path. Upstream calls use the node's one aiohttp ClientSession (httpx cost
-3–9 ms CPU per request here and collapsed at 64 streams — shared/perf-baseline.md). The
+3–9 ms CPU per request here and collapsed at 64 streams — docs/performance.md). The
 response is a raw ASGI callable so it can race the upstream wait against the client's
 disconnect: a client that hangs up before headers aborts the upstream request too, and
 the turn is never placed on another candidate. This module holds the response and the walk
