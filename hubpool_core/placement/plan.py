@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 
     from hubpool_core.config import PoolSettings
     from hubpool_core.engine import Engine
-    from hubpool_core.placement.quarantine import Quarantine
     from hubpool_core.stage import Stage
 
 #: the 502's last sentence when a local engine did not answer its probe
@@ -46,56 +45,6 @@ class ForwardBudgets(Protocol):
     """The one thing placement asks of the proxy's budgets (``hubpool_core.proxy.Budgets``)."""
 
     def forward_ms(self, estimated_tokens: int, stream: bool) -> int: ...
-
-
-class _Current(Protocol):
-    @property
-    def current(self) -> PoolSettings: ...
-
-
-class _Switch(Protocol):
-    @property
-    def enabled(self) -> bool: ...
-
-
-class _Directions(Protocol):
-    @property
-    def outbound(self) -> _Switch: ...
-
-
-class _Peers(Protocol):
-    def all(self) -> list[PoolPeer]: ...
-
-
-class _Band(Protocol):
-    @property
-    def band(self) -> int | None: ...
-
-
-class NodeState(Protocol):
-    """What :func:`snapshot_of` reads of a running node (``hubpool_core.node.node.Node``;
-    placement does not import the composition root)."""
-
-    @property
-    def settings(self) -> _Current: ...
-    @property
-    def local(self) -> LocalEngines: ...
-    @property
-    def peers(self) -> _Peers: ...
-    @property
-    def load(self) -> Load: ...
-    @property
-    def pressure(self) -> _Band: ...
-    @property
-    def stages(self) -> Sequence[Stage]: ...
-    @property
-    def budgets(self) -> ForwardBudgets: ...
-    @property
-    def unservable(self) -> Quarantine: ...
-    @property
-    def output_quarantine(self) -> Quarantine: ...
-
-    def directions(self) -> _Directions: ...
 
 
 @dataclass(slots=True)
@@ -185,9 +134,10 @@ class InboundPlan:
     diagnosis: str | None = None
 
 
-async def snapshot_of(node: NodeState, *, inbound: bool = False) -> NodeSnapshot:
-    """Read the node for one placement: the local engines (probed live, or from the
-    snapshot within poolProbeSnapshotTtlMs), the usable peers, load, settings and the rest.
+async def snapshot_of(node: Any, *, inbound: bool = False) -> NodeSnapshot:
+    """Read the node (``hubpool_core.node.node.Node``, which placement does not import) for
+    one placement: the local engines (probed live, or from the snapshot within
+    poolProbeSnapshotTtlMs), the usable peers, load, settings and the rest.
 
     ``inbound``: for work a peer forwarded — no peers (it never relays further), and the
     engines' queue-depth setting is left as the last outbound read set it."""

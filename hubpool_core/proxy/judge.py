@@ -58,9 +58,7 @@ async def read_whole(upstream: aiohttp.ClientResponse, hangup: Hangup) -> bytes 
         body = await hangup.until(upstream.content.read(MAX_JUDGED_BODY_BYTES + 1), None)
     except aiohttp.ClientError as exc:
         raise Failed(upstream.status, f"{TRUNCATED} ({transport_code(exc)})") from None
-    if len(body) > MAX_JUDGED_BODY_BYTES:
-        return body  # too large to judge: relayed as is (the rest follows)
-    return body
+    return body  # past MAX_JUDGED_BODY_BYTES it is too large to judge: relayed as is, the rest follows
 
 
 def final_frame_check(node: Any, cand: Candidate) -> Callable[[str, bytes], bool]:
