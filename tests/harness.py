@@ -146,6 +146,27 @@ def name_of(node: RunningNode) -> str:
     return fqdn(node.env.data_dir.name)
 
 
+def poll_until_offered(node: RunningNode, peers: list[RunningNode], model: str, timeout: float = 30.0) -> None:
+    """Poll ``node``'s peers until each of ``peers`` is connected and offers ``model`` on a
+    healthy engine. One poll is not always enough on a loaded machine: a peer whose first
+    engine probe misses its 500 ms budget answers that poll with no engines (and the right
+    answer on the next), which is the product working as designed, not what a test is about."""
+    want = {name_of(p) for p in peers}
+    deadline = time.monotonic() + timeout
+    while True:
+        node.run(node.node.health.poll_once())
+        with node.client(headers=node.headers()) as c:
+            seen = {p["nodeFqdn"]: p for p in c.get("/api/inference/pool/status").json()["peers"]}
+        missing = [f for f in want if not (f in seen and seen[f]["status"] == "connected" and any(
+            b.get("healthy") and model in (b.get("modelsLoaded") or [])
+            for b in (seen[f].get("lastCapabilities") or {}).get("backends") or []))]
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{name_of(node)}: {missing} not offering {model} within {timeout}s")
+        time.sleep(0.2)
+
+
 def pair(requester: RunningNode, approver: RunningNode, pin: bool = True) -> None:
     """Pair two running nodes as an operator does: a PIN minted on the approver (optional),
     the request sent from the requester, the approval given on the approver."""

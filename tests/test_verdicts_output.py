@@ -10,7 +10,7 @@ from contextlib import ExitStack
 
 import httpx
 import pytest
-from harness import RunningNode, make_pool, pair
+from harness import RunningNode, make_pool, pair, poll_until_offered
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -45,7 +45,7 @@ def trio(tmp_path):
         a = nodes["hub-a"]
         for other in ("hub-b", "hub-c"):
             pair(a, nodes[other])
-        a.run(a.node.health.poll_once())
+        poll_until_offered(a, [nodes["hub-b"], nodes["hub-c"]], "qwen3:8b")
         yield nodes, sims
         for n in nodes.values():
             n.stop()

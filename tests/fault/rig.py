@@ -10,9 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -21,7 +19,7 @@ from typing import Any
 import httpx
 from faultproxy import FaultProxy
 from harness import fqdn
-from process_harness import WARM_LAUNCHER, NodeProcess, free_port, make_process_pool, pair, wait_connected
+from process_harness import WARM_LAUNCHER, NodeProcess, SimProcess, make_process_pool, pair, wait_connected
 
 MODEL = "llama3.2:3b"
 P = "/api/inference/pool"
@@ -29,80 +27,6 @@ P = "/api/inference/pool"
 #: holds the whole run, and a header floor low enough for budgets of a second or two
 RIG_ENV = {"HUB_POOL_DEV_HEALTH_POLL_SECONDS": "1", "HUB_POOL_ROUTING_LOG_SIZE": "10000",
            "HUB_POOL_DEV_FIRST_BYTE_FLOOR_MS": "500"}
-
-
-class SimProcess:
-    """One `hubpool-sim` process on a fixed loopback port; kill/restart keeps the port."""
-
-    def __init__(self, name: str, root: Path, args: list[str]):
-        self.name = name
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.args = args
-        self.log_path = root / f"{name}.log"
-        self.proc: subprocess.Popen | None = None
-        self.stopped = False
-        self.boots = 0
-
-    def launch(self) -> None:
-        assert self.proc is None or self.proc.poll() is not None, f"{self.name} is already running"
-        self.boots += 1
-        env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "hubpool_sim.cli", "--port", str(self.port), *self.args],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        self.stopped = False
-
-    def wait_ready(self, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        with httpx.Client(timeout=1.0, trust_env=False) as c:
-            while True:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; see {self.log_path}")
-                try:
-                    if c.get(self.url + "/_sim/stats").status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{self.name} did not answer within {timeout}s")
-                time.sleep(0.05)
-
-    def start(self) -> SimProcess:
-        self.launch()
-        self.wait_ready()
-        return self
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def kill(self) -> None:
-        """SIGKILL: every connection it held is cut by the kernel, as in a crash."""
-        if self.alive():
-            if self.stopped:
-                os.kill(self.proc.pid, signal.SIGCONT)
-            os.kill(self.proc.pid, signal.SIGKILL)
-        if self.proc is not None:
-            self.proc.wait(10)
-
-    def sigstop(self) -> None:
-        os.kill(self.proc.pid, signal.SIGSTOP)
-        self.stopped = True
-
-    def sigcont(self) -> None:
-        os.kill(self.proc.pid, signal.SIGCONT)
-        self.stopped = False
-
-    def stats(self) -> dict[str, Any]:
-        with httpx.Client(timeout=3.0, trust_env=False) as c:
-            return c.get(self.url + "/_sim/stats").json()
-
-    def control(self, method: str, path: str, body: Any = None) -> Any:
-        with httpx.Client(timeout=3.0, trust_env=False) as c:
-            r = c.request(method, self.url + path, json=body)
-        assert r.status_code == 200, (self.name, path, r.status_code, r.text)
-        return r.json()
 
 
 def sim_args(ms_per_token: float = 0, tokens: int = 8, slots: int = 64, prefill_tps: float = 0,
