@@ -3,7 +3,9 @@
 Probes run through httpx (off the relay's hot path). With ``poolProbeSnapshotTtlMs`` at 0,
 the spec's default, every read probes live; with a TTL the snapshot is fresh, stale
 (served while a refresh runs behind the caller) or cold (the read waits at most the
-500 ms placement budget, shared across cold engines).
+500 ms placement budget, shared across cold engines). /capabilities reads the same snapshot
+with a 20 s TTL and waits a cold probe out: its poller allows 15 s, and a budget missed
+there would advertise no engines to every peer until its next poll.
 """
 
 from __future__ import annotations
@@ -113,20 +115,22 @@ class LocalEngines:
         """Drop one engine's snapshot so the next read probes it again."""
         self._snapshots.pop(self.engines.index(engine), None)
 
-    async def read(self, ttl_ms: int, engine_queue_depth: bool | None = None) -> list[LocalBackend]:
+    async def read(self, ttl_ms: int, engine_queue_depth: bool | None = None,
+                   budget_ms: int = PLACEMENT_BUDGET_MS) -> list[LocalBackend]:
         """Every engine with the answer placement should use now. ``engine_queue_depth``
         (the poolEngineQueueDepth setting, from placement) turns the engines' own queue
-        figures on or off for this and later probes; ``None`` leaves it as it was."""
+        figures on or off for this and later probes; ``None`` leaves it as it was.
+        ``budget_ms`` bounds the wait for a cold engine: placement's 500 ms by default."""
         if engine_queue_depth is not None:
             self.engine_queue_depth = engine_queue_depth
-        backends = await self._read(ttl_ms)
+        backends = await self._read(ttl_ms, budget_ms)
         if self.engine_queue_depth:
             return backends
         # a snapshot probed while the setting was on can outlive it (poolProbeSnapshotTtlMs)
         return [LocalBackend(b.engine, Snapshot(replace(b.snapshot.result, queue_depth=None), b.snapshot.at))
                 if b.snapshot.result.queue_depth is not None else b for b in backends]
 
-    async def _read(self, ttl_ms: int) -> list[LocalBackend]:
+    async def _read(self, ttl_ms: int, budget_ms: int) -> list[LocalBackend]:
         if not self.engines:
             return []
         if ttl_ms <= 0:
@@ -145,7 +149,7 @@ class LocalEngines:
             else:
                 cold[i] = self._probe_task(i)
         if cold:
-            await asyncio.wait(list(cold.values()), timeout=PLACEMENT_BUDGET_MS / 1000)
+            await asyncio.wait(list(cold.values()), timeout=budget_ms / 1000)
             for i, task in cold.items():
                 if task.done() and not task.cancelled():
                     out[i] = task.result()
@@ -154,7 +158,7 @@ class LocalEngines:
                     # the probe keeps running and its answer replaces this when it lands
                     out[i] = self._snapshots[i] = Snapshot(
                         ProbeResult(running=False, healthy=False,
-                                    error=f"no answer within the {PLACEMENT_BUDGET_MS} ms placement budget; "
+                                    error=f"no answer within the {budget_ms} ms placement budget; "
                                           "still probing"),
                         time.monotonic(),
                     )
