@@ -10,16 +10,15 @@ time to first token (CI saw two streams at 615 ms in one level of a full run).""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
 import sys
-import threading
 
 import httpx
 import pytest
 from aiohttp import web
+from aiohttp_thread import ThreadedApp
 from process_harness import NodeProcess, SimProcess, free_port
 
 MODEL = "cap:1b"
@@ -71,58 +70,33 @@ def test_capacity_is_the_last_level_within_the_slo(node_on_sim, route):
     assert summary["served"] >= sum(s["requests"] for s in report["steps"]) and summary["failed"] == 0
 
 
-class _Recorder:
+def _recorder(prompts: list[str]) -> web.Application:
     """A streaming engine that keeps every prompt it is sent (the simulator does not say)."""
 
-    def __init__(self) -> None:
-        self.prompts: list[str] = []
-        self.loop = asyncio.new_event_loop()
-        self.port = 0
-        self.ready = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
+    async def generate(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        prompts.append(body["prompt"])
+        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await resp.prepare(request)
+        await resp.write(b'{"response":"hi","done":false}\n{"response":"","done":true}\n')
+        return resp
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-
-        async def generate(request: web.Request) -> web.StreamResponse:
-            body = await request.json()
-            self.prompts.append(body["prompt"])
-            resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-            await resp.prepare(request)
-            await resp.write(b'{"response":"hi","done":false}\n{"response":"","done":true}\n')
-            return resp
-
-        app = web.Application()
-        app.router.add_post("/api/generate", generate)
-        self.runner = web.AppRunner(app)
-        self.loop.run_until_complete(self.runner.setup())
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        self.loop.run_until_complete(site.start())
-        self.port = site._server.sockets[0].getsockname()[1]
-        self.ready.set()
-        self.loop.run_forever()
-
-    def __enter__(self) -> _Recorder:
-        self.thread.start()
-        assert self.ready.wait(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+    app = web.Application()
+    app.router.add_post("/api/generate", generate)
+    return app
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("shared", [True, False])
 def test_shared_prefix_sends_byte_identical_prompts_and_the_default_unique_ones(shared):
-    with _Recorder() as engine:
-        done = _capacity(f"http://127.0.0.1:{engine.port}", "--route", "/api/generate", "--levels", "2",
+    seen: list[str] = []
+    with ThreadedApp(_recorder(seen)) as engine:
+        done = _capacity(engine.url, "--route", "/api/generate", "--levels", "2",
                          "--max-concurrency", "2", "--duration", "0.5", "--prompt-tokens", "64", "--json",
                          *(["--shared-prefix"] if shared else []))
         assert done.returncode == 0, done.stderr
         report = json.loads(done.stdout)
-        prompts = list(engine.prompts)
+        prompts = list(seen)
     assert report["prompts"] == ("shared-prefix" if shared else "unique")
     assert len(prompts) == report["steps"][0]["requests"] + 1 >= 5  # the uncounted warm-up request too
     assert all(len(p) >= 64 * 4 for p in prompts)

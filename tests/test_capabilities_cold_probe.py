@@ -9,11 +9,11 @@ believed that until its next poll. The poll allows 15 s; the read now waits the 
 from __future__ import annotations
 
 import asyncio
-import threading
 from contextlib import ExitStack
 
 import aiohttp
 from aiohttp import web
+from aiohttp_thread import ThreadedApp
 from harness import make_pool, name_of, pair
 
 from hubpool_sim import SimConfig, SimModel, run_in_thread
@@ -22,53 +22,27 @@ MODEL = "llama3.2:3b"
 PROBE_DELAY_S = 2.0  # over the 500 ms placement budget, under the 5 s probe timeout
 
 
-class SlowProbes:
+def slow_probes(upstream: str) -> web.Application:
     """A reverse proxy in front of an engine that holds every GET (the probes) for a while."""
 
-    def __init__(self, upstream: str):
-        self.upstream = upstream
-        self.loop = asyncio.new_event_loop()
-        self.ready = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.url = ""
+    async def forward(request: web.Request) -> web.Response:
+        if request.method == "GET":
+            await asyncio.sleep(PROBE_DELAY_S)
+        async with aiohttp.ClientSession() as s, s.request(
+                request.method, upstream + request.path_qs, data=await request.read(),
+                headers={"Content-Type": request.headers.get("Content-Type", "application/json")}) as r:
+            return web.Response(status=r.status, body=await r.read(),
+                                headers={"Content-Type": r.headers.get("Content-Type", "application/json")})
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-
-        async def forward(request: web.Request) -> web.Response:
-            if request.method == "GET":
-                await asyncio.sleep(PROBE_DELAY_S)
-            async with aiohttp.ClientSession() as s, s.request(
-                    request.method, self.upstream + request.path_qs, data=await request.read(),
-                    headers={"Content-Type": request.headers.get("Content-Type", "application/json")}) as r:
-                return web.Response(status=r.status, body=await r.read(),
-                                    headers={"Content-Type": r.headers.get("Content-Type", "application/json")})
-
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", forward)
-        self.runner = web.AppRunner(app)
-        self.loop.run_until_complete(self.runner.setup())
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        self.loop.run_until_complete(site.start())
-        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-        self.ready.set()
-        self.loop.run_forever()
-
-    def __enter__(self) -> SlowProbes:
-        self.thread.start()
-        assert self.ready.wait(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", forward)
+    return app
 
 
 def test_a_peer_polling_an_engine_that_probes_slowly_is_told_its_model(tmp_path):
     with ExitStack() as stack:
         sim = stack.enter_context(run_in_thread(SimConfig(flavor="ollama", models=[SimModel(MODEL)])))
-        slow = stack.enter_context(SlowProbes(sim.url))
+        slow = stack.enter_context(ThreadedApp(slow_probes(sim.url)))
         nodes = make_pool(tmp_path, ["hub-a", "hub-b"], per_node={"hub-b": {"OLLAMA_URL": slow.url}})
         for n in nodes.values():
             stack.callback(n.stop)
