@@ -21,6 +21,8 @@ from typing import Any
 import httpx
 from harness import ENGINE_VARS, closed_port_url, fqdn, tailnet_status_for
 
+from hubpool_core.bench.procs import wait_http
+
 P = "/api/inference/pool"
 #: environment a child must not inherit: another node's settings, or a proxy that would
 #: carry loopback traffic somewhere else
@@ -197,19 +199,8 @@ class SimProcess:
         self.stopped = False
 
     def wait_ready(self, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        with httpx.Client(timeout=1.0, trust_env=False) as c:
-            while True:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; see {self.log_path}")
-                try:
-                    if c.get(self.url + "/_sim/stats").status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{self.name} did not answer within {timeout}s")
-                time.sleep(0.05)
+        assert self.proc is not None, f"{self.name} was never launched"
+        wait_http(self.url + "/_sim/stats", self.proc, timeout, self.name, f"; see {self.log_path}")
 
     def start(self) -> SimProcess:
         self.launch()
