@@ -30,7 +30,7 @@ from hubpool_core.placement.throughput import ThroughputStore
 from hubpool_core.plugins import PluginHost, load_plugins
 from hubpool_core.proxy import Budgets, ReuseAwareConnector
 from hubpool_core.signals.containers import ContainerSampler
-from hubpool_core.signals.local_engines import PROBE_TIMEOUT_S, LocalEngines, build_engines
+from hubpool_core.signals.local_engines import WHOLE_PROBE_MS, LocalEngines, build_engines
 from hubpool_core.signals.pressure_sampler import PressureSampler
 from hubpool_core.store import Database
 from hubpool_core.telemetry import tracing
@@ -147,7 +147,7 @@ class Node:
         # a cold engine is waited for up to its whole probe, not placement's 500 ms: a poller gives
         # this answer 15 s, and "no engines" would be believed by every peer until its next poll
         backends = await self.local.read(max(self.settings.current.poolProbeSnapshotTtlMs, 20_000),
-                                         budget_ms=int(PROBE_TIMEOUT_S * 1000) + 500)
+                                         budget_ms=WHOLE_PROBE_MS)
         payload: dict[str, Any] = {
             "hardwareTier": self.hardware_tier or "unknown",
             "backends": [] if not accepting else [self._advertised(b) for b in backends if b.snapshot.result.running],

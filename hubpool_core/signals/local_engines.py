@@ -26,6 +26,8 @@ log = logging.getLogger("hubpool.engines")
 PROBE_TIMEOUT_S = 5.0
 STALE_GRACE_MS = 60_000
 PLACEMENT_BUDGET_MS = 500
+#: a read that waits a cold probe out (its own timeout, and a little for the answer to land)
+WHOLE_PROBE_MS = int(PROBE_TIMEOUT_S * 1000) + 500
 LOCAL_LISTING_DEADLINE_MS = 2_500
 
 
