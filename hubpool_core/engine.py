@@ -517,7 +517,9 @@ class Engine(ABC):
         line ending or the ``data:`` prefix) is the dialect's closing frame.
 
         OpenAI: ``[DONE]``, or a chunk whose first choice has a ``finish_reason``.
-        Native: a JSON object with ``"done": true``. An error frame is never final.
+        Native: a JSON object with ``"done": true``. An error frame is never final. The
+        frame is the engine's, unvalidated: any bytes must give an answer, never raise (a
+        malformed frame is simply not final).
         """
         frame = frame.strip()
         if dialect == OPENAI:
@@ -526,8 +528,8 @@ class Engine(ABC):
             obj = _json_or_none(frame)
             if not isinstance(obj, dict) or "error" in obj:
                 return False
-            choices: Any = obj.get("choices")  # any JSON value; bool() below rules out None
-            return bool(choices) and isinstance(choices[0], dict) and bool(
+            choices: Any = obj.get("choices")  # any JSON value: only a list of objects is read
+            return isinstance(choices, list) and bool(choices) and isinstance(choices[0], dict) and bool(
                 choices[0].get("finish_reason")
             )
         obj = _json_or_none(frame)

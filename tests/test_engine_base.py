@@ -3,11 +3,15 @@ tables, telling engines apart by owned_by, error_message's shapes, and the testi
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from hubpool_core import REQUEST_ERROR_SIGNATURES, Engine, EngineConfig, ProbeResult, error_message
-from hubpool_core.engine import JsonAnswer, ProbeFailed
+from hubpool_core.engine import NATIVE, OPENAI, JsonAnswer, ProbeFailed
 from hubpool_core.testing import answer, mock_http, raising, run
 
 URL = "http://127.0.0.1:7001"
@@ -334,3 +338,18 @@ def test_mock_http_routes():
     assert (b.status_code, b.text, c.text) == (202, "/b", "text")
     assert (gone.status_code, gone.json()) == (410, {"gone": 1})
     assert [r.url.path for r in seen] == ["/a", "/a", "/b", "/c", "/nowhere"]
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+                     max_leaves=8)
+
+
+@given(_JSON, _JSON)
+def test_is_final_frame_answers_any_frame_and_never_raises(choices, finish):
+    """Issue 16: a chunk whose ``choices`` was an object raised KeyError in the relay's pump."""
+    frame = json.dumps({"choices": choices, "finish_reason": finish, "done": finish}).encode()
+    for dialect in (OPENAI, NATIVE):
+        assert Engine.is_final_frame(None, dialect, frame) in (True, False)  # type: ignore[arg-type]
+    if not isinstance(choices, list):
+        assert Engine.is_final_frame(None, OPENAI, frame) is False  # type: ignore[arg-type]

@@ -10,6 +10,8 @@ from contextlib import ExitStack
 
 import httpx
 import pytest
+from aiohttp import web
+from aiohttp_thread import ThreadedApp
 from harness import RunningNode, fqdn, make_pool, pair, poll_until_offered
 from hypothesis import given
 from hypothesis import strategies as st
@@ -277,3 +279,45 @@ def test_a_translated_stream_is_judged_at_the_entry_and_at_the_leaf(trio):
         assert row_of(a, rid)["node"] == fqdn("hub-b")
     assert b.node.output_quarantine.withheld(local_vllm)  # the leaf's own apps stop using it
     op(a, "DELETE", "/pins?scope=default")
+
+
+#: a chunk whose choices is an object, not a list: malformed, with a finish_reason inside
+_ODD_FINAL = b'data: {"choices": {"0": {"finish_reason": "stop"}}, "finish_reason": "stop"}\n\n'
+
+
+def _odd_vllm() -> web.Application:
+    """A vLLM-shaped engine whose streams end on a chunk with a non-list ``choices``."""
+    async def models(request):
+        return web.json_response({"object": "list", "data": [{"id": "odd:8b", "object": "model",
+                                                               "owned_by": "vllm", "max_model_len": 8192}]})
+
+    async def chat(request):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"choices": [{"index": 0, "delta": {"content": "hello"}}]}\n\n')
+        await resp.write(_ODD_FINAL)
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", chat)
+    return app
+
+
+def test_a_chunk_whose_choices_is_not_a_list_is_judged_not_a_crash(tmp_path):
+    """Engine.is_final_frame raised on a non-list ``choices``: the pump died mid-stream. The
+    frame is judged (no final frame: cut) and the app's stream ends properly, in both dialects."""
+    with ThreadedApp(_odd_vllm()) as engine, RunningNode(tmp_path / "n", {"VLLM_URL": engine.url}) as node:
+        turn = [{"role": "user", "content": "x"}]
+        with httpx.stream("POST", node.url + "/v1/chat/completions",
+                          json={"model": "odd:8b", "stream": True, "messages": turn}) as r:
+            body = b"".join(r.iter_raw())
+            rid = r.headers["x-hub-pool-request-id"]
+        assert _ODD_FINAL.strip() in body  # passed through whole
+        row = row_of(node, rid)
+        assert row["outcome"] == "failed" and row["totalMs"] is not None
+        assert row["requestError"] == {"signature": "truncated-upstream", "basis": "node", "confirms": None}
+        lines, rid = _native_stream(node, model="odd:8b")  # translated: the same judgement
+        assert lines[0]["message"]["content"] == "hello" and lines[-1]["done"] is False
+        assert row_of(node, rid)["requestError"]["signature"] == "truncated-upstream"

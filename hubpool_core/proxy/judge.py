@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import aiohttp
@@ -64,10 +65,17 @@ async def read_whole(upstream: aiohttp.ClientResponse, hangup: Hangup) -> bytes 
 def final_frame_check(node: Any, cand: Candidate) -> Callable[[str, bytes], bool]:
     """How a stream judge tells this candidate's final frame."""
     engine = engine_for(node, cand)
-    if engine is not None:
-        return engine.is_final_frame
-    # the base class's check reads nothing of self
-    return lambda dialect, frame: Engine.is_final_frame(None, dialect, frame)  # type: ignore[arg-type]
+    # without an engine of that kind here, the base class's check (it reads nothing of self)
+    check = engine.is_final_frame if engine is not None else partial(Engine.is_final_frame, None)  # type: ignore[arg-type]
+
+    def is_final(dialect: str, frame: bytes) -> bool:
+        try:
+            return bool(check(dialect, frame))
+        except Exception:  # noqa: BLE001 - a plugin bug on a malformed frame must not cut the app's stream
+            log.warning("%s's is_final_frame raised on a frame; read as not final", cand.backend, exc_info=True)
+            return False
+
+    return is_final
 
 
 def stream_ended(node: Any, plan: RelayPlan, cand: Candidate, judge: StreamJudge | None, dropped: bool) -> None:
