@@ -12,7 +12,7 @@ import httpx
 import pytest
 from aiohttp import web
 from aiohttp_thread import ThreadedApp
-from harness import RunningNode, fqdn, make_pool, pair, poll_until_offered
+from harness import RunningNode, fqdn, make_pool, name_of, pair, poll_until_offered
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -321,3 +321,34 @@ def test_a_chunk_whose_choices_is_not_a_list_is_judged_not_a_crash(tmp_path):
         lines, rid = _native_stream(node, model="odd:8b")  # translated: the same judgement
         assert lines[0]["message"]["content"] == "hello" and lines[-1]["done"] is False
         assert row_of(node, rid)["requestError"]["signature"] == "truncated-upstream"
+
+
+def _offered(entry, leaf, model="qwen3:8b"):
+    """Whether ``leaf`` offers ``model`` on its vLLM to ``entry`` at its next health poll."""
+    entry.run(entry.node.health.poll_once())
+    peer = next(p for p in op(entry, "GET", "/status")["peers"] if p["nodeFqdn"] == name_of(leaf))
+    engine = next(b for b in peer["lastCapabilities"]["backends"] if b["type"] == "vllm")
+    return model in engine["modelsLoaded"]
+
+
+def test_a_leaf_withholds_a_model_its_engine_fails_on_forwards(trio):
+    """Issue 16.2, spec "When a node lists a model it cannot actually serve": a peer corrects
+    its own capabilities. A verdict on the request is not the model's fault and strikes nothing."""
+    nodes, sims = trio
+    a, b = nodes["hub-a"], nodes["hub-b"]
+    op(a, "POST", "/pins", {"scope": "model", "model": "qwen3:8b", "targetKind": "peer",
+                            "targetPeerId": a.node.peers.by_fqdn(fqdn("hub-b")).id})
+    body = {"model": "qwen3:8b", "messages": [{"role": "user", "content": "x"}]}
+    sims["hub-b"].add_fault("verdict:invalid-message", count=2)
+    for _ in range(2):
+        r = httpx.post(a.url + "/v1/chat/completions", json=body)
+        assert r.status_code == 200  # another engine answered
+        row = row_of(a, r.headers["x-hub-pool-request-id"])
+        assert row["attempts"][0]["reason"] == "HTTP 500 (invalid-message)"  # the leaf relayed the body
+    assert _offered(a, b)
+    sims["hub-b"].add_fault("error:500", count=2)
+    for _ in range(2):
+        r = httpx.post(a.url + "/v1/chat/completions", json=body)
+        assert r.status_code == 200 and r.headers["x-hub-pool-served-by"] != fqdn("hub-b")
+    assert not _offered(a, b)
+    op(a, "DELETE", "/pins?scope=model&model=qwen3:8b")

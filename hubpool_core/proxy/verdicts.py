@@ -59,17 +59,20 @@ def window_of(node: Any, plan: RelayPlan, cand: Candidate) -> int | None:
     return None  # a peer's cap says nothing about the window its other engines run
 
 
-async def read_verdict(node: Any, plan: RelayPlan, cand: Candidate, upstream: aiohttp.ClientResponse,
-                       hangup: Hangup) -> Verdict | None:
-    """Read a 500's body (at most 64 KB, within 5 s) and ask the engine what it means."""
-    engine = engine_for(node, cand)
-    if engine is None:
-        return None
+async def read_error_body(upstream: aiohttp.ClientResponse, hangup: Hangup) -> bytes | None:
+    """The start of an error answer's body (at most 64 KB + 1 byte, within 5 s); None when
+    nothing came. What is not read stays in the stream."""
     try:
-        body = await hangup.until(upstream.content.read(VERDICT_BODY_LIMIT + 1), VERDICT_READ_S)
+        return await hangup.until(upstream.content.read(VERDICT_BODY_LIMIT + 1), VERDICT_READ_S)
     except (TimeoutError, aiohttp.ClientError):
         return None
-    if len(body) > VERDICT_BODY_LIMIT:
+
+
+def verdict_of(node: Any, plan: RelayPlan, cand: Candidate, upstream: aiohttp.ClientResponse,
+               body: bytes) -> Verdict | None:
+    """Ask the candidate's engine what a 500's body means: a verdict on the request, or None."""
+    engine = engine_for(node, cand)
+    if engine is None or len(body) > VERDICT_BODY_LIMIT:
         return None
     try:
         parsed = json.loads(body)
@@ -87,6 +90,32 @@ async def read_verdict(node: Any, plan: RelayPlan, cand: Candidate, upstream: ai
         unservable(node, plan.model, cand, "chat-template")  # the node's own copy of the model can be what is broken
     return Verdict(signature, cand, upstream.status, body, pass_headers(upstream), window_of(node, plan, cand),
                    bool(engine.renders_own_template))
+
+
+async def read_verdict(node: Any, plan: RelayPlan, cand: Candidate, upstream: aiohttp.ClientResponse,
+                       hangup: Hangup) -> Verdict | None:
+    """Read a 500's body (at most 64 KB, within 5 s) and ask the engine what it means."""
+    if engine_for(node, cand) is None:
+        return None
+    body = await read_error_body(upstream, hangup)
+    return None if body is None else verdict_of(node, plan, cand, upstream, body)
+
+
+async def served_forward_failed(node: Any, plan: RelayPlan, cand: Candidate, upstream: aiohttp.ClientResponse,
+                                hangup: Hangup) -> bytes | None:
+    """A node serving a peer's forward relays its engine's 5xx as it came, and corrects its
+    own capabilities as an entry node does (spec: "When a node lists a model it cannot
+    actually serve"): the 5xx strikes the model on that engine, unless it is the engine's
+    verdict on the request. Returns the part of the body read to tell (None: nothing read)."""
+    body = None
+    if upstream.status == 500:
+        body = await read_error_body(upstream, hangup)
+        if body is not None and verdict_of(node, plan, cand, upstream, body) is not None:
+            return body  # the request's fault, not the model's (a template already struck it)
+    unservable(node, plan.model, cand, f"HTTP {upstream.status}")
+    if cand.local is not None:
+        node.local.invalidate(cand.local.engine)  # the next placement reads the withhold at once
+    return body
 
 
 def settle_verdict(node: Any, plan: RelayPlan, verdict: Verdict, pending: Verdict | None,

@@ -29,7 +29,14 @@ from hubpool_core.proxy.output_check import COMPLETION_ROUTES, judge_whole
 from hubpool_core.proxy.plan import STREAM_TYPES, RelayPlan
 from hubpool_core.proxy.pump import commit
 from hubpool_core.proxy.translate import judged_dialect
-from hubpool_core.proxy.verdicts import Verdict, read_verdict, send_verdict, settle_at_end, settle_verdict
+from hubpool_core.proxy.verdicts import (
+    Verdict,
+    read_verdict,
+    send_verdict,
+    served_forward_failed,
+    settle_at_end,
+    settle_verdict,
+)
 
 log = logging.getLogger("hubpool.relay")
 
@@ -128,6 +135,8 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
                     unservable(node, plan.model, cand, f"HTTP {status}")
                 raise Failed(status, f"HTTP {status}")
             held = None
+            if plan.inbound_from is not None and cand.is_local and status >= 500:
+                held = await served_forward_failed(node, plan, cand, upstream, hangup)
             streamed = any(t in upstream.headers.get("Content-Type", "") for t in STREAM_TYPES)
             if judged and status == 200 and not streamed:
                 held = await read_whole(upstream, hangup)
