@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hubpool_core.models_ids import fold_model_id
 from hubpool_core.placement import Load, apply_pin, build_candidates
 from hubpool_core.store import PoolPeer
 
@@ -126,3 +127,42 @@ def test_with_affinity_0_and_contention_off_placement_is_the_base_rankers(specs,
     assert sections == {"pin": None}
     assert "affinity_session" not in ctx.scratch and "affinity_key" not in ctx.scratch  # nothing hashed
     assert len(affinity.table) == 0  # nothing remembered
+
+
+_NAMES = st.sampled_from(["qwen3", "gpt-oss", "deepseek-v3.1", "nomic-embed-text", "bge-m3", "gemma3", "mystery"])
+_TAGS = st.sampled_from(["", ":8b", ":70b", ":1b", ":3b", ":cloud", ":120b-cloud", ":671b-cloud", ":latest",
+                         ":e4b", ":cloudy", ":14b-q4"])
+_OFFERS = st.dictionaries(st.builds(lambda n, t: n + t, _NAMES, _TAGS),
+                          st.sets(st.sampled_from(["local", "hub-b", "hub-c"]), min_size=1), max_size=8)
+
+
+@given(_OFFERS, st.none() | st.builds(lambda n, t: n + t, _NAMES, _TAGS))
+def test_auto_never_chooses_a_cloud_tag_or_a_non_chat_model_and_orders_by_size_tier(offers, preferred):
+    """Issue 16.3/16.4: the ranking never picks an Ollama Cloud tag or an embedding model; a
+    preference that is a chat model the pool serves wins; 7 B+, then unknown size, then smaller."""
+    from hubpool_core.placement.auto import _params_b, choose_auto_model, is_chat_model, is_cloud_tag
+
+    chosen = choose_auto_model(offers, preferred)
+    if preferred and is_chat_model(preferred) and any(fold_model_id(m) == fold_model_id(preferred) for m in offers):
+        assert fold_model_id(chosen) == fold_model_id(preferred)
+        return
+    eligible = [m for m in offers if is_chat_model(m) and not is_cloud_tag(m)]
+    assert (chosen is None) == (not eligible)
+    if chosen is None:
+        return
+    assert not is_cloud_tag(chosen) and is_chat_model(chosen)
+
+    def tier(m):
+        p = _params_b(m)
+        return 1 if p is None else (0 if p >= 7 else 2)
+
+    assert tier(chosen) == min(tier(m) for m in eligible)
+
+
+def test_cloud_tags_are_the_tag_ending_in_cloud():
+    from hubpool_core.placement.auto import is_cloud_tag
+
+    assert all(is_cloud_tag(m) for m in ("gpt-oss:120b-cloud", "deepseek-v3.1:671b-cloud", "kimi:cloud",
+                                         "ns/qwen3-coder:480b-CLOUD"))
+    assert not any(is_cloud_tag(m) for m in ("cloud", "cloud-model:8b", "qwen3:cloudy", "x:8b-cloudburst",
+                                             "registry:5000/cloud"))

@@ -40,16 +40,19 @@ def poll_all(nodes):
 
 @pytest.fixture
 def pool(tmp_path):
-    """hub-a (llama3.2:3b, a-only), hub-b (vLLM: llama3.2:3b, qwen3:8b), hub-c (llama3.2:3b, c-only);
+    """hub-a (llama3.2:3b, a-only, mystery of no stated size, nomic-embed-text), hub-b (vLLM: llama3.2:3b,
+    qwen3:8b), hub-c (llama3.2:3b, c-only, two Ollama Cloud tags);
     a↔b and a↔c paired (with PINs), b↔c paired without."""
     with ExitStack() as stack:
         sims = {
             "hub-a": stack.enter_context(run_in_thread(SimConfig(flavor="ollama", models=[
-                SimModel("llama3.2:3b"), SimModel("a-only:1b")], decode_ms_per_token=0))),
+                SimModel("llama3.2:3b"), SimModel("a-only:1b"), SimModel("mystery"),
+                SimModel("nomic-embed-text", embedding=True)], decode_ms_per_token=0))),
             "hub-b": stack.enter_context(run_in_thread(SimConfig(flavor="vllm", models=[
                 SimModel("llama3.2:3b"), SimModel("qwen3:8b")]))),
             "hub-c": stack.enter_context(run_in_thread(SimConfig(flavor="ollama", models=[
-                SimModel("llama3.2:3b"), SimModel("c-only:1b")]))),
+                SimModel("llama3.2:3b"), SimModel("c-only:1b"), SimModel("gpt-oss:120b-cloud"),
+                SimModel("deepseek-v3.1:671b-cloud")]))),
         }
         engines = {name: {("VLLM_URL" if name == "hub-b" else "OLLAMA_URL"): sim.url} for name, sim in sims.items()}
         nodes = make_pool(tmp_path, list(sims), per_node=engines)
@@ -296,6 +299,35 @@ def test_auto_resolves_across_the_pool(pool):
     assert r.headers["x-hub-pool-model"] == "qwen3:8b"  # 8B beats the small local models
     op(a, "PATCH", "/settings", {"inferenceModel": "c-only:1b"})
     assert chat(a, "auto").headers["x-hub-pool-model"] == "c-only:1b"
+
+
+def _auto_everywhere(node):
+    """What auto stands for on a chat, on /api/show and in the handout: they must agree."""
+    r = chat(node, "auto")
+    assert r.status_code == 200, r.text
+    chosen = {r.headers["x-hub-pool-model"],
+              httpx.post(node.url + "/api/show", json={"model": "auto"}).headers["x-hub-pool-model"],
+              httpx.get(node.url + P + "/handout").json()["model"]}
+    assert len(chosen) == 1, chosen
+    return chosen.pop()
+
+
+def test_auto_never_leaves_the_machine_nor_picks_what_cannot_chat(pool):
+    """Issue 16.3 and 16.4: an Ollama Cloud tag (gpt-oss:120b-cloud, deepseek-v3.1:671b-cloud) is
+    never chosen; an embedding model set as the preferred model is not returned for chat; a model
+    of unknown size is not taken for a tiny one; a model withheld here as unservable is not offered."""
+    nodes, sims = pool
+    a, b = nodes["hub-a"], nodes["hub-b"]
+    assert _auto_everywhere(a) == "qwen3:8b"  # not the 671b / 120b cloud tags
+    op(a, "PATCH", "/settings", {"inferenceModel": "nomic-embed-text"})
+    assert _auto_everywhere(a) == "qwen3:8b"  # the preference is no chat model
+    op(b, "PATCH", "/settings", {"poolInboundEnabled": False})  # the only 8B leaves the pool
+    a.run(a.node.health.poll_once())
+    assert _auto_everywhere(a) == "mystery"  # unknown size ahead of 3B and 1B
+    sims["hub-a"].add_fault("error:500", model="mystery", count=2)
+    for _ in range(2):
+        assert chat(a, "mystery").status_code == 502  # twice: withheld here as unservable
+    assert _auto_everywhere(a) == "llama3.2:3b"
 
 
 def test_a_node_whose_database_was_recreated_is_re_paired_by_the_documented_steps(pool, tmp_path):

@@ -62,7 +62,8 @@ async def handout(request: Request) -> Response:
         value = (p.last_capabilities or {}).get("maxNumCtx")
         caps[p.node_fqdn] = value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
     base = str(request.base_url).rstrip("/")  # built from the address the caller used
-    return JSONResponse(build_handout(base_url=base, offers=pool_offers(backends, peers), windows=windows, caps=caps,
+    offers = pool_offers(backends, peers, node.unservable.withheld_models)
+    return JSONResponse(build_handout(base_url=base, offers=offers, windows=windows, caps=caps,
                                       preferred=node.settings.current.inferenceModel, tools=tools,
                                       min_context=min_context))
 

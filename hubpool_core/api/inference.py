@@ -305,7 +305,8 @@ async def show(request: Request) -> Response:
     peers = usable_peers(node.peers.all(), node.directions().outbound.enabled)
     if model == AUTO:
         backends = await node.local.read(node.settings.current.poolProbeSnapshotTtlMs)
-        resolved = resolve_auto(backends, peers, node.settings.current.inferenceModel)
+        resolved = resolve_auto(backends, peers, node.settings.current.inferenceModel,
+                                node.unservable.withheld_models)
         if resolved is None:
             return _error(502, AUTO_NOTHING)
         body = {**body, "model": resolved}

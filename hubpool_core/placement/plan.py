@@ -163,7 +163,7 @@ async def place(snapshot: NodeSnapshot, request: PlacementRequest) -> Plan | NoA
     settings = snapshot.settings
     body, raw, model = request.body, request.raw, request.model
     if model == AUTO:
-        resolved = resolve_auto(snapshot.backends, snapshot.peers, settings.inferenceModel)
+        resolved = resolve_auto(snapshot.backends, snapshot.peers, settings.inferenceModel, snapshot.unservable)
         if resolved is None:
             return NO_AUTO_MODEL
         body["model"] = model = resolved
