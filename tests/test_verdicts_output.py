@@ -352,3 +352,32 @@ def test_a_leaf_withholds_a_model_its_engine_fails_on_forwards(trio):
         assert r.status_code == 200 and r.headers["x-hub-pool-served-by"] != fqdn("hub-b")
     assert not _offered(a, b)
     op(a, "DELETE", "/pins?scope=model&model=qwen3:8b")
+
+
+def test_a_leaf_records_why_a_forward_failed_but_never_judges_the_request(trio):
+    """Issue 16.5, spec (routing log): requestError is always null inbound; the entry judges the
+    request and the output, so the leaf's summary counts neither for work it only served."""
+    nodes, sims = trio
+    a, b = nodes["hub-a"], nodes["hub-b"]
+    op(a, "POST", "/pins", {"scope": "model", "model": "qwen3:8b", "targetKind": "peer",
+                            "targetPeerId": a.node.peers.by_fqdn(fqdn("hub-b")).id})
+    body = {"model": "qwen3:8b", "stream": False, "messages": [{"role": "user", "content": "x"}]}
+    sims["hub-b"].add_fault("error:400", count=1)
+    r = httpx.post(a.url + "/v1/chat/completions", json=body)
+    assert r.status_code == 400 and r.headers["x-hub-pool-served-by"] == fqdn("hub-b")
+    rid = r.headers["x-hub-pool-request-id"]
+    assert row_of(a, rid)["requestError"] == {"signature": "client-error", "basis": "status", "confirms": None}
+    inbound = row_of(b, rid)
+    assert inbound["direction"] == "inbound" and inbound["outcome"] == "failed" and inbound["status"] == 400
+    assert inbound["requestError"] is None
+    sims["hub-b"].add_fault("unused", count=1)
+    r = httpx.post(a.url + "/v1/chat/completions", json=body)
+    assert r.status_code == 200 and r.headers["x-hub-pool-served-by"] != fqdn("hub-b")  # failed over
+    rid = r.headers["x-hub-pool-request-id"]
+    assert row_of(a, rid)["attempts"][0]["reason"] == "degenerate-output"
+    inbound = row_of(b, rid)
+    assert inbound["outcome"] == "failed" and inbound["reason"] == "degenerate-output"
+    assert inbound["requestError"] is None
+    summary = op(b, "GET", "/routing-log")["summary"]
+    assert summary["requestErrors"] == 0 and summary["outputFaults"] == 0 and summary["failed"] == 2
+    op(a, "DELETE", "/pins?scope=model&model=qwen3:8b")

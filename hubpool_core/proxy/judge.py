@@ -23,7 +23,7 @@ from hubpool_core.placement.throughput import MIN_PROMPT_TOKENS
 from hubpool_core.proxy.attempt import Failed, transport_code
 from hubpool_core.proxy.hangup import Hangup
 from hubpool_core.proxy.output_check import MAX_JUDGED_BODY_BYTES, TRUNCATED, StreamJudge
-from hubpool_core.proxy.plan import RelayPlan, engine_for
+from hubpool_core.proxy.plan import RelayPlan, engine_for, request_error
 
 log = logging.getLogger("hubpool.relay")
 
@@ -88,7 +88,7 @@ def stream_ended(node: Any, plan: RelayPlan, cand: Candidate, judge: StreamJudge
         output_fault(node, plan.model, cand, f"{fault} ({DROPPED})" if dropped else fault)
         if not dropped:
             node.routing_log.touch(plan.row, outcome="failed", reason=fault,
-                                   requestError={"signature": fault, "basis": "node", "confirms": None})
+                                   requestError=request_error(plan, fault, "node"))
     else:
         clean(node, plan.model, cand)
 

@@ -68,6 +68,14 @@ class RelayPlan:
         return dict(getattr(self.context, "response_headers", None) or {})
 
 
+def request_error(plan: RelayPlan, signature: str, basis: str, confirms: str | None = None) -> dict[str, Any] | None:
+    """A row's ``requestError``. Always None inbound (spec: routing log): the entry node judges
+    the request and the output; a node serving a forward only records why it failed."""
+    if plan.inbound_from is not None:
+        return None
+    return {"signature": signature, "basis": basis, "confirms": confirms}
+
+
 def attribution(plan: RelayPlan, cand: Candidate, backend: str) -> list[tuple[bytes, bytes]]:
     if plan.inbound_from is not None:
         # a peer relaying from its engine marks the answer: that is how the sender tells an

@@ -22,7 +22,7 @@ from hubpool_core.proxy.attempt import transport_code
 from hubpool_core.proxy.hangup import ClientGone, Hangup
 from hubpool_core.proxy.judge import final_frame_check, stream_ended
 from hubpool_core.proxy.output_check import TRUNCATED, StreamJudge
-from hubpool_core.proxy.plan import STREAM_TYPES, RelayPlan, attribution, pass_headers
+from hubpool_core.proxy.plan import STREAM_TYPES, RelayPlan, attribution, pass_headers, request_error
 from hubpool_core.proxy.translate import Translator, judged_dialect
 
 log = logging.getLogger("hubpool.relay")
@@ -40,14 +40,13 @@ async def commit(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, upstrea
     outcome = "served" if status < 400 else "failed"
     fields: dict[str, Any] = {"status": status, "durationMs": duration, "outcome": outcome}
     if 400 <= status < 500:
-        fields["requestError"] = {"signature": "client-error", "basis": "status", "confirms": None}
+        fields["requestError"] = request_error(plan, "client-error", "status")
         fields["reason"] = f"HTTP {status}"
     elif status >= 500:
         fields["reason"] = f"HTTP {status}"
     fault = plan.row_fault
     if fault is not None:
-        fields.update(outcome="failed", reason=fault,
-                      requestError={"signature": fault, "basis": "node", "confirms": None})
+        fields.update(outcome="failed", reason=fault, requestError=request_error(plan, fault, "node"))
     log_.touch(row, **fields)
     backend = upstream.headers.get("x-hub-pool-backend", cand.backend) if not cand.is_local else cand.backend
     headers = attribution(plan, cand, backend)
@@ -134,7 +133,7 @@ async def pump(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, upstream:
         dropped = not whole
         if dropped:
             log_.touch(row, outcome="failed", reason=f"{TRUNCATED} ({transport_code(exc)})",
-                       requestError={"signature": TRUNCATED, "basis": "node", "confirms": None})
+                       requestError=request_error(plan, TRUNCATED, "node"))
         else:
             log.debug("%s closed after the final frame of %s (%s)", plan.model, row["id"], transport_code(exc))
     if cand is not None and (judge is not None or dropped):

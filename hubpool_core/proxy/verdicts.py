@@ -21,7 +21,7 @@ from hubpool_core.models_ids import same_model
 from hubpool_core.placement import Candidate
 from hubpool_core.proxy.hangup import Hangup
 from hubpool_core.proxy.judge import unservable
-from hubpool_core.proxy.plan import RelayPlan, attribution, engine_for, pass_headers
+from hubpool_core.proxy.plan import RelayPlan, attribution, engine_for, pass_headers, request_error
 
 DEFINITIVE = frozenset({"no-user-query", "missing-messages"})
 VERDICT_BODY_LIMIT = 64 * 1024
@@ -163,6 +163,6 @@ async def send_verdict(node: Any, plan: RelayPlan, send: Send, verdict: Verdict,
         row, outcome="failed", status=verdict.status, node=plan.inbound_from or verdict.cand.node,
         peerId=verdict.cand.peer_id, backend=verdict.cand.backend,
         durationMs=int((time.monotonic() - started) * 1000), reason=f"HTTP 500 ({verdict.signature})",
-        requestError={"signature": verdict.signature, "basis": basis, "confirms": confirms})
+        requestError=request_error(plan, verdict.signature, basis, confirms))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": verdict.body})
