@@ -208,8 +208,10 @@ class Engine(ABC):
     dialects: ClassVar[frozenset[str]] = frozenset({OPENAI})
     #: Path prefix of the OpenAI-compatible routes on this engine.
     openai_prefix: ClassVar[str] = "/v1"
-    #: True when the engine renders its own chat template, so a template refusal from
-    #: another engine says nothing about this one.
+    #: True when the engine renders its own chat template and runs a model at the window
+    #: the request (``options.num_ctx``) or the node's context cap names (Ollama), so its
+    #: window is known from those. (Whether a refusal speaks for another engine is decided
+    #: by engine kind, never by this flag: every kind parses messages its own way.)
     renders_own_template: ClassVar[bool] = False
     #: True when an operator's slot statement (``ollamaSlots``) describes this engine.
     states_slots: ClassVar[bool] = False

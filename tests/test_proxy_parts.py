@@ -27,7 +27,7 @@ from hubpool_core.proxy.failover import exhausted, fails_over, passed_over
 from hubpool_core.proxy.judge import clean, final_frame_check, output_fault, sample, stream_ended, unservable
 from hubpool_core.proxy.output_check import TRUNCATED, StreamJudge
 from hubpool_core.proxy.plan import RelayPlan
-from hubpool_core.proxy.verdicts import Verdict, settle_at_end, settle_verdict, window_of
+from hubpool_core.proxy.verdicts import Verdict, carry, settle_at_end, settle_verdict, window_of
 from hubpool_core.signals.local_engines import LocalBackend, Snapshot
 from hubpool_core.telemetry.routing_log import RoutingLog
 
@@ -93,8 +93,18 @@ def make_plan(node, candidates, **kw):
     return RelayPlan(**(fields | kw))
 
 
-def verdict(signature, cand, window=None, renders=False):
-    return Verdict(signature, cand, 500, b'{"error": "x"}', [], window, renders)
+def verdict(signature, cand, window=None):
+    return Verdict(signature, cand, 500, b'{"error": "x"}', [], window, refused_kinds=frozenset({cand.backend}))
+
+
+def settle(node, plan, *verdicts):
+    """The walk's reading of these verdicts, one per attempt in order: (the node whose verdict
+    stands, basis, confirms) after the last one, or None while the walk goes on."""
+    pending = None
+    for v in verdicts:
+        pending = carry(pending, v)
+    settled = settle_verdict(node, plan, pending, len(verdicts))
+    return None if settled is None else (settled[0].cand.node, *settled[1:])
 
 
 # -- verdicts: does one engine's refusal speak for the pool? --------------------------------
@@ -103,17 +113,16 @@ def test_a_definitive_verdict_stands_from_the_first_engine_that_gives_it():
     a, b = peer("hub-a", "pooltmpl"), peer("hub-b", "pooltmpl")
     plan = make_plan(node, [a, b])
     v = verdict("no-user-query", a)
-    assert settle_verdict(node, plan, v, None, 1) == (v, "definitive", None)
+    assert settle(node, plan, v) == ("hub-a", "definitive", None)
 
 
 def test_a_first_refusal_waits_for_a_second_engine_to_give_the_same_one():
     node = fake_node()
     a, b, c = (peer(n, "owntmpl", {"maxNumCtx": 8192}) for n in ("hub-a", "hub-b", "hub-c"))
     plan = make_plan(node, [a, b, c])
-    assert settle_verdict(node, plan, verdict("context-length", a, 8192), None, 1) is None
+    assert settle(node, plan, verdict("context-length", a, 8192)) is None
     # a second engine refusing for another reason confirms nothing
-    assert settle_verdict(node, plan, verdict("context-length", b, 8192),
-                          verdict("chat-template", a), 2) is None
+    assert settle(node, plan, verdict("chat-template", a), verdict("context-length", b, 8192)) is None
 
 
 def test_context_length_stands_once_confirmed_and_no_candidate_ahead_runs_a_larger_window():
@@ -122,7 +131,7 @@ def test_context_length_stands_once_confirmed_and_no_candidate_ahead_runs_a_larg
     smaller = peer("hub-c", "owntmpl", {"maxNumCtx": 4096})
     plan = make_plan(node, [a, b, smaller])
     first, second = verdict("context-length", a, 8192), verdict("context-length", b, 8192)
-    assert settle_verdict(node, plan, second, first, 2) == (second, "confirmed", "hub-a")
+    assert settle(node, plan, first, second) == ("hub-b", "confirmed", "hub-a")
 
 
 @pytest.mark.parametrize("ahead", [peer("hub-c", "owntmpl", {"maxNumCtx": 32768}),  # a larger window
@@ -132,37 +141,54 @@ def test_context_length_waits_while_a_candidate_ahead_might_fit_the_prompt(ahead
     node = fake_node()
     a, b = peer("hub-a", "owntmpl", {"maxNumCtx": 8192}), peer("hub-b", "owntmpl", {"maxNumCtx": 8192})
     plan = make_plan(node, [a, b, ahead])
-    assert settle_verdict(node, plan, verdict("context-length", b, 8192), verdict("context-length", a, 8192),
-                          2) is None
+    assert settle(node, plan, verdict("context-length", a, 8192), verdict("context-length", b, 8192)) is None
 
 
 def test_context_length_from_two_different_windows_confirms_nothing():
     node = fake_node()
     a, b = peer("hub-a", "owntmpl", {"maxNumCtx": 4096}), peer("hub-b", "owntmpl", {"maxNumCtx": 8192})
     plan = make_plan(node, [a, b])
-    assert settle_verdict(node, plan, verdict("context-length", b, 8192), verdict("context-length", a, 4096),
-                          2) is None
-    assert settle_verdict(node, plan, verdict("context-length", b, None), verdict("context-length", a, None),
-                          2) is None
+    assert settle(node, plan, verdict("context-length", a, 4096), verdict("context-length", b, 8192)) is None
+    assert settle(node, plan, verdict("context-length", a, None), verdict("context-length", b, None)) is None
 
 
-@pytest.mark.parametrize(("ahead_kind", "stands"), [("pooltmpl", True), ("owntmpl", False), ("unknown", False)])
-def test_a_template_refusal_stands_only_when_every_engine_ahead_renders_like_the_refusers(ahead_kind, stands):
+@pytest.mark.parametrize(("ahead_kind", "stands"), [("pooltmpl", True), ("owntmpl", False), ("unknown", False),
+                                                    ("timed", False)])  # same flag, another engine: issue 16.6
+def test_a_template_refusal_stands_only_when_every_engine_ahead_is_a_kind_that_refused(ahead_kind, stands):
     node = fake_node()
     a, b, c = peer("hub-a", "pooltmpl"), peer("hub-b", "pooltmpl"), peer("hub-c", ahead_kind)
     plan = make_plan(node, [a, b, c])
     first, second = verdict("chat-template", a), verdict("chat-template", b)
-    settled = settle_verdict(node, plan, second, first, 2)
-    assert settled == ((second, "confirmed", "hub-a") if stands else None)
+    settled = settle(node, plan, first, second)
+    assert settled == (("hub-b", "confirmed", "hub-a") if stands else None)
+
+
+def test_every_kind_that_refused_counts_and_a_new_signature_starts_over():
+    node = fake_node()
+    a, b, c, d = peer("hub-a", "pooltmpl"), peer("hub-b", "timed"), peer("hub-c", "owntmpl"), peer("hub-d", "timed")
+    plan = make_plan(node, [a, b, c, d])
+    first, second, third = verdict("invalid-message", a), verdict("invalid-message", b), verdict("invalid-message", c)
+    assert settle(node, plan, first, second, third) == ("hub-c", "confirmed", "hub-b")  # hub-d's kind refused
+    assert settle(node, plan, first, verdict("context-length", b), third) is None  # replaced: third stands alone
 
 
 def test_the_last_candidates_verdict_is_confirmed_only_by_an_earlier_one_like_it():
     a, b = peer("hub-a", "pooltmpl"), peer("hub-b", "pooltmpl")
-    last = verdict("context-length", b)
-    assert settle_at_end(last, verdict("context-length", a)) == ("confirmed", "hub-a")
-    assert settle_at_end(last, verdict("chat-template", a)) == ("last-candidate", None)
-    assert settle_at_end(last, last) == ("last-candidate", None)
-    assert settle_at_end(last, None) == ("last-candidate", None)
+
+    def at_end(*verdicts):
+        pending = None
+        for v in verdicts:
+            pending = carry(pending, v)
+        return settle_at_end(pending)
+
+    assert at_end(verdict("context-length", a, 8192), verdict("context-length", b, 8192)) == ("confirmed", "hub-a")
+    assert at_end(verdict("context-length", a, 8192), verdict("context-length", b, 16384)) == ("last-candidate", None)
+    assert at_end(verdict("context-length", a), verdict("context-length", b)) == ("last-candidate", None)
+    assert at_end(verdict("chat-template", a), verdict("context-length", b)) == ("last-candidate", None)
+    assert at_end(verdict("invalid-message", a), verdict("invalid-message", b)) == ("confirmed", "hub-a")
+    assert at_end(verdict("invalid-message", a), verdict("chat-template", b),
+                  verdict("invalid-message", b)) == ("last-candidate", None)  # a new signature replaced it
+    assert at_end(verdict("context-length", b)) == ("last-candidate", None)
 
 
 def test_the_window_a_candidate_runs_at():

@@ -308,14 +308,15 @@ def test_a_500_naming_a_request_error_is_read_into_a_verdict():
     body = b'{"error": "the prompt exceeds the context window"}'
     v = read(node, cand, body, headers=(("Content-Type", "application/json"), ("X-Request-Id", "r1")))
     assert v == Verdict("context-length", cand, 500, body,
-                        [(b"content-type", b"application/json"), (b"x-request-id", b"r1")], 8192, False)
+                        [(b"content-type", b"application/json"), (b"x-request-id", b"r1")], 8192,
+                        refused_kinds=frozenset({"pooltmpl"}))
 
 
 def test_a_template_refusal_from_the_local_engine_also_strikes_its_copy_of_the_model():
     node = fake_node()
     node.unservable = Recorder()
     v = read(node, local(engine(OwnTemplateEngine)), b'{"error": "cannot render the template"}')
-    assert v.signature == "chat-template" and v.renders_own_template is True
+    assert v.signature == "chat-template" and v.refused_kinds == {"owntmpl"}
     assert node.unservable.calls == [("strike", (("local", "owntmpl", "qwen3:8b"), "chat-template"), {})]
 
 
@@ -335,7 +336,7 @@ def test_a_verdict_goes_back_as_the_engines_own_body_under_this_nodes_attributio
     cand = peer("hub-b", "pooltmpl")
     plan = make_plan(node, [cand])
     v = Verdict(signature, cand, 500, b'{"error": "no"}', [(b"content-type", b"text/plain"), (b"x-id", b"1")],
-                None, False)
+                None)
     sent = Sent()
     asyncio.run(send_verdict(node, plan, sent, v, "confirmed", "hub-a", time.monotonic()))
     start, body = sent

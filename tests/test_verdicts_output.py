@@ -381,3 +381,67 @@ def test_a_leaf_records_why_a_forward_failed_but_never_judges_the_request(trio):
     summary = op(b, "GET", "/routing-log")["summary"]
     assert summary["requestErrors"] == 0 and summary["outputFaults"] == 0 and summary["failed"] == 2
     op(a, "DELETE", "/pins?scope=model&model=qwen3:8b")
+
+
+@pytest.fixture
+def mixed(tmp_path):
+    """hub-a runs a vLLM (m:8b at 8192) and a llama-server (m:8b at 16384); hub-b, paired, a
+    Lemonade holding m:8b. Four engine kinds none of which renders its own template."""
+    with ExitStack() as stack:
+        def sim(flavor, window):
+            return stack.enter_context(run_in_thread(SimConfig(flavor=flavor, models=[SimModel("m:8b",
+                                                                                               window=window)])))
+        sims = {"vllm": sim("vllm", 8192), "llamacpp": sim("llamacpp", 16384), "lemonade": sim("lemonade", 8192)}
+        nodes = make_pool(tmp_path, ["hub-a", "hub-b"], per_node={
+            "hub-a": {"VLLM_URL": sims["vllm"].url, "LLAMACPP_URL": sims["llamacpp"].url},
+            "hub-b": {"LEMONADE_URL": sims["lemonade"].url}})
+        for n in nodes.values():
+            n.start()
+        pair(nodes["hub-a"], nodes["hub-b"])
+        poll_until_offered(nodes["hub-a"], [nodes["hub-b"]], "m:8b")
+        yield nodes, sims
+        for n in nodes.values():
+            n.stop()
+
+
+def _refused(node):
+    """One chat turn for m:8b at ``node``: (the response, its routing-log row)."""
+    r = httpx.post(node.url + "/v1/chat/completions",
+                   json={"model": "m:8b", "messages": [{"role": "user", "content": "x"}]})
+    return r, row_of(node, r.headers["x-hub-pool-request-id"])
+
+
+def test_the_verdict_walk_compares_engine_kinds_and_windows(mixed):
+    """Issue 16.6 and 16.7 (spec: "A request no node can serve"): a malformed message refused by
+    llama.cpp and vLLM still reaches the Lemonade ahead; a prompt too long is confirmed only at
+    the same window; a new signature replaces the pending one."""
+    nodes, sims = mixed
+    a = nodes["hub-a"]
+    for s in sims.values():
+        s.add_fault("verdict:invalid-message", count=1)
+    r, row = _refused(a)
+    assert {x["backend"] for x in row["attempts"]} == {"vllm", "llamacpp"}
+    assert r.status_code == 400 and row["node"] == fqdn("hub-b")  # the third kind was asked: it refused too
+    assert row["requestError"]["basis"] == "confirmed" and row["attempt"] == 3
+    sims["lemonade"].clear_faults()
+    for kind in ("vllm", "llamacpp"):
+        sims[kind].add_fault("verdict:invalid-message", count=1)
+    r, row = _refused(a)
+    assert r.status_code == 200 and row["node"] == fqdn("hub-b")  # not a confirmed 400 from two local kinds
+    # a prompt too long: hub-a's engines run 8192 and 16384, so neither confirms the other
+    op(a, "POST", f"/peers/{fqdn('hub-b')}/disable")
+    for kind in ("vllm", "llamacpp"):
+        sims[kind].add_fault("verdict:context-length", count=1)
+    r, row = _refused(a)
+    assert r.status_code == 400 and row["attempt"] == 2
+    assert row["requestError"] == {"signature": "context-length", "basis": "last-candidate", "confirms": None}
+    op(a, "POST", f"/peers/{fqdn('hub-b')}/enable")
+    # invalid-message, then context-length, then invalid-message: the second replaced the first
+    first = row["attempts"][0]["backend"]
+    second = "llamacpp" if first == "vllm" else "vllm"
+    sims[first].add_fault("verdict:invalid-message", count=1)
+    sims[second].add_fault("verdict:context-length", count=1)
+    sims["lemonade"].add_fault("verdict:invalid-message", count=1)
+    r, row = _refused(a)
+    assert r.status_code == 400 and row["node"] == fqdn("hub-b")
+    assert row["requestError"] == {"signature": "invalid-message", "basis": "last-candidate", "confirms": None}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
@@ -38,7 +38,11 @@ class Verdict:
     body: bytes
     headers: list[tuple[bytes, bytes]]
     window: int | None
-    renders_own_template: bool
+    #: the earlier verdict this one agrees with (same signature; for a prompt too long, at
+    #: the same window), set by :func:`carry`; None while it stands alone
+    agrees_with: Verdict | None = None
+    #: the engine kinds that gave this signature so far in the walk, this one's included
+    refused_kinds: frozenset[str] = frozenset()
 
 
 def window_of(node: Any, plan: RelayPlan, cand: Candidate) -> int | None:
@@ -89,7 +93,7 @@ def verdict_of(node: Any, plan: RelayPlan, cand: Candidate, upstream: aiohttp.Cl
     if signature == "chat-template" and cand.is_local:
         unservable(node, plan.model, cand, "chat-template")  # the node's own copy of the model can be what is broken
     return Verdict(signature, cand, upstream.status, body, pass_headers(upstream), window_of(node, plan, cand),
-                   bool(engine.renders_own_template))
+                   refused_kinds=frozenset({cand.backend}))
 
 
 async def read_verdict(node: Any, plan: RelayPlan, cand: Candidate, upstream: aiohttp.ClientResponse,
@@ -118,33 +122,47 @@ async def served_forward_failed(node: Any, plan: RelayPlan, cand: Candidate, ups
     return body
 
 
-def settle_verdict(node: Any, plan: RelayPlan, verdict: Verdict, pending: Verdict | None,
+def _agrees(pending: Verdict, verdict: Verdict) -> bool:
+    if pending.signature != verdict.signature:
+        return False
+    # a prompt too long is confirmed only by a second engine at the same, known window
+    return verdict.signature != "context-length" or (verdict.window is not None and verdict.window == pending.window)
+
+
+def carry(pending: Verdict | None, verdict: Verdict) -> Verdict:
+    """The verdict the walk holds after ``verdict``: it, agreeing with ``pending`` when it
+    does. A new signature (or a prompt too long at another window) replaces the pending one."""
+    if pending is None or not _agrees(pending, verdict):
+        return verdict
+    return replace(verdict, agrees_with=pending, refused_kinds=pending.refused_kinds | verdict.refused_kinds)
+
+
+def settle_verdict(node: Any, plan: RelayPlan, verdict: Verdict,
                    attempt: int) -> tuple[Verdict, str, str | None] | None:
-    """(verdict, basis, confirms) when it stands now; None when the walk goes on."""
+    """(verdict, basis, confirms) when it stands now; None when the walk goes on.
+    ``verdict`` has been through :func:`carry` with the pending one."""
     if verdict.signature in DEFINITIVE:
         return verdict, "definitive", None
-    if pending is None or pending.signature != verdict.signature:
+    if verdict.agrees_with is None:
         return None
     ahead = plan.candidates[attempt:]
     if verdict.signature == "context-length":
-        window = verdict.window
-        if window is None or window != pending.window:
-            return None  # the second must run the same window
+        window = verdict.window or 0  # known: agreeing on a window needs one
         if any((w := window_of(node, plan, c)) is None or w > window for c in ahead):
             return None  # a larger window, or one this node cannot see, might serve it
-    else:
-        refusers = {pending.renders_own_template, verdict.renders_own_template}
-        for c in ahead:
-            engine = engine_for(node, c)
-            if engine is None or engine.renders_own_template not in refusers:
-                return None  # an engine that has not refused might answer otherwise
-    return verdict, "confirmed", pending.cand.node
+    elif any(c.backend not in verdict.refused_kinds for c in ahead):
+        # spec: the walk goes on while a candidate ahead runs an engine (a kind: vLLM, llama.cpp,
+        # Lemonade, oMLX and Ollama each render templates and parse messages their own way)
+        # that has not refused
+        return None
+    return verdict, "confirmed", verdict.agrees_with.cand.node
 
 
-def settle_at_end(verdict: Verdict, pending: Verdict | None) -> tuple[str, str | None]:
-    """(basis, confirms) for the last candidate's verdict, returned with no candidate left."""
-    if pending is not None and pending is not verdict and pending.signature == verdict.signature:
-        return "confirmed", pending.cand.node
+def settle_at_end(verdict: Verdict) -> tuple[str, str | None]:
+    """(basis, confirms) for the last candidate's verdict, returned with no candidate left:
+    confirmed only when it agreed with the one before, else last-candidate."""
+    if verdict.agrees_with is not None:
+        return "confirmed", verdict.agrees_with.cand.node
     return "last-candidate", None
 
 

@@ -31,6 +31,7 @@ from hubpool_core.proxy.pump import commit
 from hubpool_core.proxy.translate import judged_dialect
 from hubpool_core.proxy.verdicts import (
     Verdict,
+    carry,
     read_verdict,
     send_verdict,
     served_forward_failed,
@@ -123,11 +124,12 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
                     and plan.inbound_from is None:
                 verdict = await read_verdict(node, plan, cand, upstream, hangup)
                 if verdict is not None:
-                    done = settle_verdict(node, plan, verdict, pending, attempt)
+                    verdict = carry(pending, verdict)
+                    done = settle_verdict(node, plan, verdict, attempt)
                     if done is not None:
                         await send_verdict(node, plan, send, *done, started)
                         return
-                    pending = pending or verdict
+                    pending = verdict
                     raise Failed(500, f"HTTP 500 ({verdict.signature})", verdict=verdict)
             if fails_over(node, plan, cand, upstream, last):
                 upstream.release()
@@ -173,7 +175,7 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
     if failures and failures[-1].verdict is not None:
         # no candidate left to ask: a verdict waiting for a second node is returned anyway
         last_verdict = failures[-1].verdict
-        basis, confirms = settle_at_end(last_verdict, pending)
+        basis, confirms = settle_at_end(last_verdict)
         await send_verdict(node, plan, send, last_verdict, basis, confirms, started)
         return
     await exhausted(node, plan, send, failures, started)
