@@ -3,6 +3,8 @@ the engine's own timings, advertised in capabilities, and seen by a peer."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import httpx
 from harness import fqdn, make_pool, pair
 
@@ -45,9 +47,44 @@ def test_a_long_prompt_is_measured_advertised_and_seen_by_a_peer(tmp_path):
             a.run(a.node.health.poll_once())
             seen = next(p for p in op(a, "GET", "/status")["peers"] if p["nodeFqdn"] == fqdn("hub-b"))
             assert seen["throughput"]["advertised"] and seen["throughput"]["advertised"][0]["model"] == "big:8b"
+            _advertised_is_what_routing_reads(a, b)
         finally:
             for n in nodes.values():
                 n.stop()
+
+
+#: a peer's report with one sound band and one of each kind routing drops (issue 16.8)
+ODD_REPORT = [
+    {"model": "big:8b", "backend": "ollama", "decode": {"tokensPerSec": 20.0, "ageMs": 500}, "prefill": [
+        {"fromTokens": 4096, "promptTokens": 5000, "tokensPerSec": 300.0, "deadline": False, "ageMs": 1000},
+        {"fromTokens": 8192, "promptTokens": 9000, "tokensPerSec": -5.0, "deadline": False, "ageMs": 0},
+        {"fromTokens": 16384, "promptTokens": 17000, "tokensPerSec": 100.0, "deadline": "yes", "ageMs": 0},
+        {"fromTokens": 32768, "promptTokens": 33000, "tokensPerSec": 100.0, "deadline": False, "ageMs": -1}]},
+    {"model": "gone:1b", "backend": "ollama", "decode": None, "prefill": [
+        {"fromTokens": 4096, "promptTokens": 5000, "tokensPerSec": 0, "deadline": False, "ageMs": 0}]},
+]
+
+
+def _advertised_is_what_routing_reads(a, b):
+    """Issue 16.8: status shows a peer's advertised throughput after the validation and ageing
+    routing applies, and keeps showing it while the snapshot is stale (routing still reads it)."""
+    b.node.throughput.estimates = lambda node="local": ODD_REPORT  # what hub-b's next answer says
+    a.run(a.node.health.poll_once())
+
+    def advertised():
+        peer = next(p for p in op(a, "GET", "/status")["peers"] if p["nodeFqdn"] == fqdn("hub-b"))
+        return peer["throughput"]["advertised"]
+
+    [entry] = advertised()
+    assert entry["model"] == "big:8b" and [band["fromTokens"] for band in entry["prefill"]] == [4096]
+    band = entry["prefill"][0]
+    assert band["tokensPerSec"] == 300.0 and band["deadline"] is False and band["ageMs"] >= 1000
+    assert entry["decode"]["tokensPerSec"] == 20.0 and entry["decode"]["ageMs"] >= 500
+    # five minutes without a poll: stale for ranking by load, still read for speed, and older
+    row = a.node.peers.by_fqdn(fqdn("hub-b"))
+    a.node.peers.update(row.id, last_seen_at=row.last_seen_at - timedelta(minutes=5))
+    [entry] = advertised()
+    assert 300_000 + 1000 <= entry["prefill"][0]["ageMs"] < 300_000 + 60_000
 
 
 def test_a_cpu_node_measured_slow_stops_getting_the_long_prompt(tmp_path):

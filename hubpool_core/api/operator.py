@@ -17,6 +17,7 @@ from hubpool_core.peering.peers import public_peer
 from hubpool_core.peering.signing import normalize_peer_fqdn
 from hubpool_core.placement import is_fresh
 from hubpool_core.placement.handout import effective_ceiling
+from hubpool_core.placement.throughput import advertised_estimates, peer_snapshot_age_ms
 from hubpool_core.signals.containers import clamp_containers
 from hubpool_core.signals.pressure_bands import read_band, wire_source_name
 from hubpool_core.telemetry.routing_log import MAX_CAPACITY, parse_since
@@ -151,9 +152,10 @@ def _peer_extras(node: Any, row: Any) -> dict[str, Any]:
         "maxPromptTokens": _positive(caps.get("maxPromptTokens")),
         "maxNumCtx": _positive(caps.get("maxNumCtx")),
         "ollamaSlots": _positive(caps.get("ollamaSlots")),
+        # what routing reads of the peer's report (validated, aged), stale snapshot or not
         "throughput": {"observed": node.throughput.observed(row.node_fqdn),
-                       "advertised": caps.get("throughput") if fresh and isinstance(caps.get("throughput"), list)
-                       else []},
+                       "advertised": advertised_estimates(caps, node.settings.current.poolHealthPollSeconds,
+                                                          snapshot_age_ms=peer_snapshot_age_ms(row))},
     }
 
 

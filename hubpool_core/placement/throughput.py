@@ -274,41 +274,91 @@ def _age_of_snapshot_ms(capabilities: dict[str, Any], poll_seconds: int, now: fl
     return max(0, poll_seconds if _finite(poll_seconds) else 0) * 1000.0
 
 
+def peer_snapshot_age_ms(peer: Any) -> float | None:
+    """How old a peer's cached capabilities are, from when this node last read them (the
+    row's ``last_seen_at``); None when unknown (the snapshot's own ``updatedAt`` is used)."""
+    from hubpool_core.peering.peers import aware
+
+    seen = getattr(peer, "last_seen_at", None)
+    if not isinstance(seen, datetime):
+        return None
+    return max(0.0, (time.time() - aware(seen).timestamp()) * 1000.0)
+
+
+def _snapshot_age(capabilities: dict[str, Any], poll_seconds: int, snapshot_age_ms: float | None,
+                  now: float) -> float:
+    if _finite(snapshot_age_ms) and snapshot_age_ms >= 0:
+        return snapshot_age_ms
+    return _age_of_snapshot_ms(capabilities, poll_seconds, now)
+
+
+def _advertised_entries(capabilities: Any) -> list[dict[str, Any]]:
+    """The peer's ``throughput`` entries that name an engine and a model (at most 32)."""
+    entries = capabilities.get("throughput") if isinstance(capabilities, dict) else None
+    if not isinstance(entries, list):
+        return []
+    return [e for e in entries[:MAX_ADVERTISED_THROUGHPUT]
+            if isinstance(e, dict) and isinstance(e.get("backend"), str) and isinstance(e.get("model"), str)]
+
+
+def _valid_bands(entry: dict[str, Any], age0: float) -> list[tuple[int, int, float, bool, float]]:
+    """(fromTokens, promptTokens, tokensPerSec, deadline, aged ms) of each band routing reads:
+    every number finite and positive, ``ageMs`` finite and not negative, ``deadline`` a
+    boolean, a band from 4,096 tokens up; aged by the snapshot's age, and gone past 2 h."""
+    out = []
+    prefill = entry.get("prefill")
+    for band in prefill if isinstance(prefill, list) else []:
+        if not isinstance(band, dict):
+            continue
+        start, size, rate, age = (band.get(k) for k in ("fromTokens", "promptTokens", "tokensPerSec", "ageMs"))
+        deadline = band.get("deadline", False)
+        if not (_positive(start) and _positive(size) and _positive(rate)) or not _finite(age) or age < 0:
+            continue
+        if not isinstance(deadline, bool) or start < MIN_PROMPT_TOKENS:
+            continue
+        aged = age + age0
+        if aged <= FORGET_AFTER_MS:
+            out.append((int(start), int(size), float(rate), deadline, aged))
+    return out
+
+
 def advertised_readings(capabilities: Any, backend: str, model: str, poll_seconds: int, *,
                         snapshot_age_ms: float | None = None, now: float | None = None
                         ) -> list[tuple[int, _Reading]]:
-    """A peer's advertised prefill bands for one engine and model, validated (every number
-    finite and positive, ``ageMs`` finite and not negative; anything else ignored) and aged
-    by the snapshot's age; bands then older than 2 h are dropped."""
-    if not isinstance(capabilities, dict):
-        return []
-    entries = capabilities.get("throughput")
-    if not isinstance(entries, list):
+    """A peer's advertised prefill bands for one engine and model, validated and aged
+    (:func:`_valid_bands`); anything else is ignored."""
+    entries = _advertised_entries(capabilities)
+    if not entries:
         return []
     now = time.time() if now is None else now
-    age0 = snapshot_age_ms if _finite(snapshot_age_ms) and snapshot_age_ms >= 0 else \
-        _age_of_snapshot_ms(capabilities, poll_seconds, now)
-    out: list[tuple[int, _Reading]] = []
-    for entry in entries[:MAX_ADVERTISED_THROUGHPUT]:
-        if not isinstance(entry, dict) or entry.get("backend") != backend:
-            continue
-        named = entry.get("model")
-        if not isinstance(named, str) or not same_model(named, model):
-            continue
-        prefill = entry.get("prefill")
-        for band in prefill if isinstance(prefill, list) else []:
-            if not isinstance(band, dict):
-                continue
-            start, size, rate, age = (band.get(k) for k in ("fromTokens", "promptTokens", "tokensPerSec", "ageMs"))
-            deadline = band.get("deadline", False)
-            if not (_positive(start) and _positive(size) and _positive(rate)) or not _finite(age) or age < 0:
-                continue
-            if not isinstance(deadline, bool) or start < MIN_PROMPT_TOKENS:
-                continue
-            aged = age + age0
-            if aged > FORGET_AFTER_MS:
-                continue
-            out.append((int(start), _Reading(float(rate), int(size), now - aged / 1000.0, deadline)))
+    age0 = _snapshot_age(capabilities, poll_seconds, snapshot_age_ms, now)
+    return [(start, _Reading(rate, size, now - aged / 1000.0, deadline))
+            for entry in entries if entry["backend"] == backend and same_model(entry["model"], model)
+            for start, size, rate, deadline, aged in _valid_bands(entry, age0)]
+
+
+def advertised_estimates(capabilities: Any, poll_seconds: int, *, snapshot_age_ms: float | None = None,
+                         now: float | None = None) -> list[dict[str, Any]]:
+    """A peer's advertised ``throughput`` as routing reads it, in the status shape: only the
+    bands :func:`advertised_readings` would use, each ``ageMs`` grown by the snapshot's age,
+    and a decode rate under the same rules. Shown whatever the snapshot's freshness, since
+    routing reads it until the bands age out."""
+    entries = _advertised_entries(capabilities)
+    if not entries:
+        return []
+    now = time.time() if now is None else now
+    age0 = _snapshot_age(capabilities, poll_seconds, snapshot_age_ms, now)
+    out = []
+    for entry in entries:
+        prefill = [{"fromTokens": start, "promptTokens": size, "tokensPerSec": round(rate, 1), "deadline": deadline,
+                    "ageMs": int(aged)} for start, size, rate, deadline, aged in _valid_bands(entry, age0)]
+        decode = None
+        raw = entry.get("decode")
+        if isinstance(raw, dict) and _positive(raw.get("tokensPerSec")) and _finite(age := raw.get("ageMs")) \
+                and age >= 0 and age + age0 <= FORGET_AFTER_MS:
+            decode = {"tokensPerSec": round(float(raw["tokensPerSec"]), 1), "ageMs": int(age + age0)}
+        if prefill or decode is not None:
+            out.append({"model": entry["model"], "backend": entry["backend"], "prefill": prefill, "decode": decode})
     return out
 
 

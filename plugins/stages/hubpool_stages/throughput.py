@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -31,6 +30,7 @@ from hubpool_core.placement.throughput import (
     Prediction,
     advertised_prediction,
     combined,
+    peer_snapshot_age_ms,
 )
 from hubpool_stages.splits import group_of, positive_int, split
 
@@ -92,19 +92,6 @@ def budget_of(node: Any, context: Any) -> float:
     return float(max(300_000, math.ceil(context.estimated_tokens / 50) * 1000))
 
 
-def _snapshot_age_ms(peer: Any) -> float | None:
-    seen = getattr(peer, "last_seen_at", None)
-    if seen is None:
-        return None
-    try:
-        from hubpool_core.peering.peers import aware
-
-        stamp = aware(seen)
-    except Exception:  # noqa: BLE001 - an odd stamp falls back to the snapshot's own
-        return None
-    return None if stamp is None else max(0.0, (time.time() - stamp.timestamp()) * 1000.0)
-
-
 def predictions(node: Any, ranking: Sequence[Any], context: Any) -> dict[int, Prediction | None]:
     """Each candidate's prediction for this prompt (cached in the scratch): this node's own
     evidence for a local engine; for a peer, the slower of what this node timed and what the
@@ -123,7 +110,8 @@ def predictions(node: Any, ranking: Sequence[Any], context: Any) -> dict[int, Pr
         observed = store.predict(c.node, c.backend, model, tokens) if store is not None else None
         caps = getattr(c.peer, "last_capabilities", None)
         advertised = advertised_prediction(caps, c.backend, model, tokens, poll,
-                                           snapshot_age_ms=_snapshot_age_ms(c.peer)) if isinstance(caps, dict) else None
+                                           snapshot_age_ms=peer_snapshot_age_ms(c.peer)) \
+            if isinstance(caps, dict) else None
         cache[id(c)] = combined(observed, advertised)
     return cache
 
