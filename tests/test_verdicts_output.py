@@ -4,6 +4,7 @@ fleet stories replayed on simulated engines through real nodes."""
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import time
 from contextlib import ExitStack
@@ -155,8 +156,9 @@ def test_a_cut_stream_is_recorded_truncated_and_never_given_an_ending(tmp_path):
         assert row_of(node, rid)["requestError"]["signature"] == "truncated-upstream"
 
 
-def test_a_blackholed_engine_costs_one_short_read_per_ttl(tmp_path):
-    """spec: a firewall that drops the SYN held every request for the 5 s probe timeout."""
+def test_a_blackholed_engine_costs_one_short_read_per_ttl(tmp_path, caplog):
+    """spec: a firewall that drops the SYN held every request for the 5 s probe timeout. Issue
+    16.9: listings ask only the engines the snapshot calls healthy, so they do not wait either."""
     hole = socket.socket()
     hole.bind(("127.0.0.1", 0))
     hole.listen(64)  # accepts into the backlog, never answers
@@ -176,6 +178,14 @@ def test_a_blackholed_engine_costs_one_short_read_per_ttl(tmp_path):
             r = httpx.post(node.url + "/api/chat", json={"model": "nope", "stream": False, "messages": []})
             vllm = next(b for b in r.json()["localBackends"] if b["type"] == "vllm")
             assert vllm["running"] is False and "placement budget" in vllm["error"]
+            caplog.set_level(logging.DEBUG, logger="hubpool.engines")
+            for route, key, field in (("/v1/models", "data", "id"), ("/api/tags", "models", "name")):
+                started = time.monotonic()
+                listed = httpx.get(node.url + route)
+                waited = time.monotonic() - started
+                assert listed.status_code == 200 and "m:1b" in {m[field] for m in listed.json()[key]}
+                assert waited < 2.0  # the 2.5 s listing deadline was not waited out
+            assert "listing left out vllm" not in caplog.text  # the unhealthy engine was never asked
     finally:
         hole.close()
 

@@ -187,12 +187,24 @@ class LocalEngines:
 async def listing_backends(local: LocalEngines) -> list[LocalBackend]:
     """Healthy engines for a listing, asked in parallel within LOCAL_LISTING_DEADLINE_MS.
 
-    An engine still silent at the deadline is left out when another has answered; when
-    none has, the first to answer is used (spec: What the listing endpoints answer for).
+    Only the engines the health snapshot calls healthy (or has no answer for yet) are asked:
+    one it calls unhealthy is left out without a wait, and re-probed behind the listing so a
+    recovered engine is back in the next one. An engine still silent at the deadline is left
+    out when another has answered; when none has, the first to answer is used (spec: What
+    the listing endpoints answer for).
     """
     if not local.engines:
         return []
-    tasks = {local._probe_task(i): i for i in range(len(local.engines))}
+    asked = []
+    for i in range(len(local.engines)):
+        snap = local._snapshots.get(i)
+        if snap is not None and not (snap.result.running and snap.result.healthy):
+            local._probe_task(i)  # behind the listing (one probe at a time per engine)
+            continue
+        asked.append(i)
+    if not asked:
+        return []
+    tasks = {local._probe_task(i): i for i in asked}
     done, pending = await asyncio.wait(list(tasks), timeout=LOCAL_LISTING_DEADLINE_MS / 1000)
     if not done and pending:
         done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
