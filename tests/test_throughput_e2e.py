@@ -87,7 +87,7 @@ def _advertised_is_what_routing_reads(a, b):
     assert 300_000 + 1000 <= entry["prefill"][0]["ageMs"] < 300_000 + 60_000
 
 
-def test_a_cpu_node_measured_slow_stops_getting_the_long_prompt(tmp_path):
+def test_a_cpu_node_measured_slow_stops_getting_the_long_prompt(tmp_path, monkeypatch):
     """spec: 2026-09-17 — fzzy (CPU) read 10.6k tokens at ~123 tok/s and never answered 46k; core-6
     (GPU) read 48k at ~496 tok/s. Rates scaled 16x here so the test runs in seconds."""
     cpu = SimConfig(flavor="ollama", models=[SimModel("coder:30b", window=131072)], prefill_tps=2000)
@@ -137,9 +137,38 @@ def test_a_cpu_node_measured_slow_stops_getting_the_long_prompt(tmp_path):
             section = next(e for e in op(a, "GET", "/routing-log")["entries"] if e["id"] == rid)["throughput"]
             by_node = {e["node"]: e for e in section["estimates"]}
             assert by_node[fqdn("hub-b")]["slow"] is True and by_node[fqdn("hub-c")]["slow"] is False
+            _never_judged_behind_a_withheld_engine(a, sim_c, c_id, monkeypatch)
         finally:
             for n in nodes.values():
                 n.stop()
+
+
+def _never_judged_behind_a_withheld_engine(a, sim_c, c_id, monkeypatch):
+    """Issue 16.10 (spec: Never toward a withheld engine): once hub-c, the fast node, is withheld
+    for bad output, the much-slower rule judges hub-b, the first node not withheld, and moves
+    nothing toward hub-c."""
+    a.node.budgets.min_prefill_tps = 50
+    monkeypatch.setenv("HUB_POOL_SLOWER_PLACEMENT_FLOOR_MS", "0")  # the seconds-apart test rates
+    op(a, "POST", "/pins", {"scope": "default", "targetKind": "peer", "targetPeerId": c_id})
+    sim_c.add_fault("unused", count=2)
+    for _ in range(2):  # two placeholder answers withhold hub-c (each fails over to hub-b)
+        r = httpx.post(a.url + "/api/chat", json={"model": "coder:30b", "stream": False,
+                                                   "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200 and r.headers["x-hub-pool-served-by"] == fqdn("hub-b")
+    op(a, "DELETE", "/pins?scope=default")
+    # a 10.6k turn: hub-c was measured ~4x faster there. The client gives up at once: placement
+    # is what is judged, and hub-b would take seconds to read it
+    body = {"model": "coder:30b", "stream": True, "messages": [{"role": "user", "content": "word " * 8480}]}
+    try:
+        with httpx.stream("POST", a.url + "/api/chat", json=body, timeout=httpx.Timeout(5, read=0.3)):
+            pass
+    except httpx.ReadTimeout:
+        pass
+    row = op(a, "GET", "/routing-log?limit=1")["entries"][0]
+    section = row["throughput"]
+    assert {e["node"] for e in section["estimates"]} == {fqdn("hub-b"), fqdn("hub-c")}
+    assert section["slowerDemoted"] == []  # not hub-b "behind" the withheld hub-c
+    assert row["node"] == fqdn("hub-b")
 
 
 def test_status_shows_context_caps_and_measured_speed(tmp_path):

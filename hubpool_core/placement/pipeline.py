@@ -41,6 +41,10 @@ class PlacementContext:
     response_headers: dict[str, str] = field(default_factory=dict)
     #: what stages computed for the walk's observers (session keys and the like)
     scratch: dict[str, Any] = field(default_factory=dict)
+    #: engines withheld for bad output, which the pipeline puts last after every stage (set by
+    #: run_stages; None: nothing is withheld). A stage that judges "the node that goes first"
+    #: judges the first one not withheld (spec: Never toward a withheld engine)
+    withheld: Callable[[Candidate], bool] | None = None
 
 
 def request_num_ctx(route: str, body: dict[str, Any]) -> int | None:
@@ -64,6 +68,7 @@ def run_stages(stages: Sequence[Any], ranking: list[Candidate], ctx: PlacementCo
 
     sections: dict[str, Any] = {}
     pinned = False
+    ctx.withheld = withheld
     for stage in stages:
         if not pinned and stage.order >= PIN_ORDER:
             result = apply_pin(ranking, pins, ctx.model, ctx.scratch.get("groups"))

@@ -278,9 +278,14 @@ class SlowerPlacementStage(Stage):
         gave_way = context.scratch.get(SCRATCH_GAVE_WAY) or []
         moves: list[dict[str, Any]] = []
         result = list(out)
+        withheld = getattr(context, "withheld", None) or (lambda c: False)
         for positions in _members_by(out, lambda c: group_of(context, c)).values():
             members = [out[at] for at in positions]
-            ordered = self._walk(members, context, preds, ratio, floor, gave_way, moves)
+            # withheld engines go last after this stage: the walk judges the others, in order,
+            # so the node judged first is the first one not withheld and none is brought forward
+            held = [c for c in members if withheld(c)]
+            ordered = self._walk([c for c in members if not withheld(c)], context, preds, ratio, floor, gave_way,
+                                 moves) + held
             for at, cand in zip(positions, ordered, strict=True):
                 result[at] = cand
         if section is not None:
