@@ -74,6 +74,30 @@ def test_the_handout_names_urls_model_and_window(node):
     assert httpx.get(node.url + P + "/handout", headers={"cf-ray": "x"}).status_code == 401
 
 
+def test_with_route_apps_always_off_and_no_peer_the_handout_names_the_engine(node):
+    """Issue 16.11: poolRouteAppsAlways off, with no connected peer, hands out the local engine's
+    own URL and says so; on (the default) the pool's. Rows carry localLoadRefused (null here)."""
+    engine = node.environ["VLLM_URL"]
+    with node.client(headers=node.headers()) as c:
+        assert c.patch(P + "/settings", json={"poolRouteAppsAlways": False}).status_code == 200
+    h = httpx.get(node.url + P + "/handout").json()
+    assert h["model"] == "qwen3:8b" and h["openaiBaseUrl"] == engine + "/v1"
+    assert h["nativeBaseUrl"] is None and h["routedThroughPool"] is False  # vLLM speaks no native dialect
+    assert h["env"]["CI_LLM_BASE_URL"] == engine + "/v1" and "OLLAMA_HOST" not in h["env"]
+    assert any("poolRouteAppsAlways" in w and engine in w for w in h["warnings"])
+    out = cli(node, "handout")
+    assert out.returncode == 0 and engine + "/v1" in out.stdout and "poolRouteAppsAlways" in out.stdout
+    with node.client(headers=node.headers()) as c:
+        c.patch(P + "/settings", json={"poolRouteAppsAlways": True})
+    h = httpx.get(node.url + P + "/handout").json()
+    assert h["openaiBaseUrl"] == node.url + "/v1" and h["routedThroughPool"] is True
+    r = httpx.post(node.url + "/v1/chat/completions", json={"model": "qwen3:8b",
+                                                            "messages": [{"role": "user", "content": "x"}]})
+    with node.client(headers=node.headers()) as c:
+        row = next(e for e in c.get(P + "/routing-log").json()["entries"] if e["id"] == r.headers["x-hub-pool-request-id"])
+    assert "localLoadRefused" in row and row["localLoadRefused"] is None  # hubpool refuses no load
+
+
 def test_the_handout_caps_at_the_largest_cap_among_serving_nodes(tmp_path):
     with run_in_thread(SimConfig(flavor="vllm", models=[SimModel("big:30b", window=65536)])) as sim_b, \
             run_in_thread(SimConfig(flavor="vllm", models=[SimModel("big:30b", window=65536)])) as sim_c:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -10,9 +11,10 @@ from fastapi.responses import JSONResponse, Response
 from hubpool_core.api.inference import _guard, pool_offers
 from hubpool_core.api.operator import _operator
 from hubpool_core.config import PREFERENCE_KEYS, SettingsError
+from hubpool_core.engine import NATIVE
 from hubpool_core.node.doctor import ACTION, run_checks
 from hubpool_core.placement import usable_peers
-from hubpool_core.placement.handout import build_handout
+from hubpool_core.placement.handout import DirectEngine, build_handout
 
 
 async def get_preferences(request: Request) -> Response:
@@ -65,7 +67,28 @@ async def handout(request: Request) -> Response:
     offers = pool_offers(backends, peers, node.unservable.withheld_models)
     return JSONResponse(build_handout(base_url=base, offers=offers, windows=windows, caps=caps,
                                       preferred=node.settings.current.inferenceModel, tools=tools,
-                                      min_context=min_context))
+                                      min_context=min_context, direct=_direct_engines(node, backends)))
+
+
+def _direct_engines(node: Any, backends: list[Any]) -> dict[str, DirectEngine] | None:
+    """Model -> the local engine an app is pointed at directly, when apps are not routed
+    through the pool: poolRouteAppsAlways off and no connected peer (a peer merely switched off
+    for outbound still counts: apps stay on the proxy). None: apps point at the pool."""
+    if node.settings.current.poolRouteAppsAlways:
+        return None
+    if any(p.status == "connected" and p.enabled is not False for p in node.peers.all()):
+        return None
+    out: dict[str, DirectEngine] = {}
+    for b in backends:
+        if not b.healthy:
+            continue
+        engine = b.engine
+        direct = DirectEngine(openai_url=engine.base_url + engine.openai_prefix,
+                              native_url=engine.base_url if NATIVE in engine.dialects else None,
+                              product=engine.product, needs_key=bool(engine.config.api_key))
+        for m in b.snapshot.result.models:
+            out.setdefault(m.id, direct)
+    return out
 
 
 async def doctor(request: Request) -> Response:

@@ -52,7 +52,8 @@ def handout(tools: bool = typer.Option(False, "--tools", help="The client needs 
         for key, value in data["env"].items():
             print(f"{key}={value}")
         return
-    out.print(f"OpenAI base URL  {data['openaiBaseUrl']}\nNative base URL  {data['nativeBaseUrl']}", highlight=False)
+    native = data["nativeBaseUrl"] or "- (the engine speaks only the OpenAI dialect)"
+    out.print(f"OpenAI base URL  {data['openaiBaseUrl']}\nNative base URL  {native}", highlight=False)
     out.print(f"Model            {data['model'] or '-'}  (served by {', '.join(data['servedBy']) or 'nobody'})",
               highlight=False)
     out.print(f"num_ctx          {data['numCtx'] or 'the engine default (no window known, no cap)'}", highlight=False)

@@ -3,6 +3,7 @@ the handout half; The auto alias). Pure functions over the node's snapshot."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from hubpool_core.models_ids import same_model
@@ -22,12 +23,25 @@ def effective_ceiling(env: Any, settings: Any) -> tuple[int | None, str | None]:
     return None, None
 
 
+@dataclass(frozen=True)
+class DirectEngine:
+    """A local engine an app may be pointed at directly: its OpenAI base URL, its native one
+    (None when it speaks no native dialect), its product name and whether it wants a key."""
+
+    openai_url: str
+    native_url: str | None
+    product: str
+    needs_key: bool
+
+
 def build_handout(*, base_url: str, offers: dict[str, set[str]], windows: dict[str, int],
-                  caps: dict[str, int | None], preferred: str | None, tools: bool, min_context: int | None
-                  ) -> dict[str, Any]:
+                  caps: dict[str, int | None], preferred: str | None, tools: bool, min_context: int | None,
+                  direct: dict[str, DirectEngine] | None = None) -> dict[str, Any]:
     """``offers``: model → nodes serving it; ``windows``: model → a window an engine states;
     ``caps``: node → its advertised maxNumCtx (None: takes any window; a node absent from the
-    map is one this node knows nothing about, and is treated as uncapped too)."""
+    map is one this node knows nothing about, and is treated as uncapped too). ``direct``:
+    model → the local engine serving it, given only when apps are not routed through the
+    pool (poolRouteAppsAlways off and no connected peer); None: the pool's URLs."""
     warnings: list[str] = []
     eligible = dict(offers)
     if min_context:
@@ -38,7 +52,7 @@ def build_handout(*, base_url: str, offers: dict[str, set[str]], windows: dict[s
     if model is None:
         return {"model": None, "numCtx": None, "servedBy": [], "warnings": warnings + [
             "no chat model in the pool fits: load a chat model on any node, or lower minContext"],
-            "openaiBaseUrl": base_url + "/v1", "nativeBaseUrl": base_url, "env": {}}
+            "openaiBaseUrl": base_url + "/v1", "nativeBaseUrl": base_url, "env": {}, "routedThroughPool": True}
     nodes = sorted(offers[model])
     node_caps = [caps.get(n) for n in nodes]
     stated = [c for c in node_caps if c is not None]
@@ -51,9 +65,20 @@ def build_handout(*, base_url: str, offers: dict[str, set[str]], windows: dict[s
         warnings.append(f"every node serving {model} caps the window at {cap}, below this client's floor of "
                         f"{min_context}: raise the engine's context and the cap together, or keep this client "
                         "off those nodes")
-    env = {"OPENAI_BASE_URL": base_url + "/v1", "OPENAI_API_BASE": base_url + "/v1", "OLLAMA_HOST": base_url,
-           "CI_LLM_BASE_URL": base_url + "/v1", "CI_LLM_MODEL": model}
+    openai_url = base_url + "/v1"
+    native_url: str | None = base_url
+    engine = next((e for m, e in (direct or {}).items() if same_model(m, model)), None)
+    if engine is not None:
+        openai_url, native_url = engine.openai_url, engine.native_url
+        warnings.append(f"poolRouteAppsAlways is off and no peer is connected: this client is pointed at the local "
+                        f"{engine.product} directly ({openai_url}), not at the pool; it moves to the pool once a peer "
+                        "connects (or turn poolRouteAppsAlways on)"
+                        + (f". The {engine.product} wants its own API key" if engine.needs_key else ""))
+    env = {"OPENAI_BASE_URL": openai_url, "OPENAI_API_BASE": openai_url, "CI_LLM_BASE_URL": openai_url,
+           "CI_LLM_MODEL": model}
+    if native_url is not None:
+        env["OLLAMA_HOST"] = native_url
     if num_ctx:
         env["CI_LLM_NUM_CTX"] = str(num_ctx)
-    return {"openaiBaseUrl": base_url + "/v1", "nativeBaseUrl": base_url, "model": model, "numCtx": num_ctx,
-            "servedBy": nodes, "warnings": warnings, "env": env}
+    return {"openaiBaseUrl": openai_url, "nativeBaseUrl": native_url, "model": model, "numCtx": num_ctx,
+            "servedBy": nodes, "warnings": warnings, "env": env, "routedThroughPool": engine is None}

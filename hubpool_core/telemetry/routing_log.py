@@ -23,6 +23,9 @@ ROW_KEYS: tuple[str, ...] = (
     "id", "at", "updatedAt", "direction", "path", "model", "node", "peerId", "backend", "candidates", "attempt",
     "failedOverFrom", "attempts", *PLACEMENT_SECTIONS, "outcome", "status", "durationMs", "totalMs", "usage",
     "stream", "bodyBytes", "budgetMs", "reason", "requestError", "clientClosed",
+    # the spec's reason a local load was refused on a row served there anyway: hubpool has no
+    # memory manager, so nothing refuses a load and it is always null (kept for the contract)
+    "localLoadRefused",
 )
 _INDEX = {key: i for i, key in enumerate(ROW_KEYS)}
 _LIST_FIELDS = (_INDEX["failedOverFrom"], _INDEX["attempts"])
