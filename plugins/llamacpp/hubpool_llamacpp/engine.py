@@ -125,6 +125,12 @@ class LlamacppEngine(Engine):
         )
         return None if timings == Timings() else timings
 
+    async def agent_dialects(self, http: httpx.AsyncClient) -> frozenset[str] | None:
+        """By probe: llama-server names no usable version (a build from a source archive
+        reports ``b1``), and whether it reranks depends on ``--reranking``, which nothing but
+        ``/v1/rerank`` itself tells (501 without it). See :meth:`probe_agent_routes`."""
+        return await self.probe_agent_routes(http)
+
     async def queue_depth(self, http: httpx.AsyncClient) -> int | None:
         """Requests llama-server is running plus the ones deferred for want of a free slot,
         from ``/metrics`` (``llamacpp:requests_processing`` + ``llamacpp:requests_deferred``,
