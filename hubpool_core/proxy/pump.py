@@ -24,13 +24,13 @@ from hubpool_core.proxy.hangup import ClientGone, Hangup
 from hubpool_core.proxy.judge import final_frame_check, stream_ended
 from hubpool_core.proxy.output_check import TRUNCATED, StreamJudge
 from hubpool_core.proxy.plan import STREAM_TYPES, RelayPlan, attribution, pass_headers
-from hubpool_core.proxy.translate import NativeToOpenAI
+from hubpool_core.proxy.translators import Translator
 
 log = logging.getLogger("hubpool.relay")
 
 
 async def commit(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, upstream: aiohttp.ClientResponse,
-                 cand: Candidate, translator: NativeToOpenAI | None, started: float,
+                 cand: Candidate, translator: Translator | None, started: float,
                  held: bytes | None = None, judged: bool = False) -> StreamJudge | None:
     """Send this answer to the app and pump the rest of it; the stream's judge, if it had one."""
     row, log_ = plan.row, node.routing_log
@@ -77,7 +77,7 @@ async def commit(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, upstrea
 
 
 async def relay_translated(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, upstream: aiohttp.ClientResponse,
-                           translator: NativeToOpenAI, streamed: bool, headers: list[tuple[bytes, bytes]],
+                           translator: Translator, streamed: bool, headers: list[tuple[bytes, bytes]],
                            held: bytes | None, judge: StreamJudge | None) -> None:
     status = upstream.status
     if not streamed or status >= 400:
@@ -88,7 +88,7 @@ async def relay_translated(node: Any, plan: RelayPlan, hangup: Hangup, send: Sen
         await send({"type": "http.response.body", "body": body})
         return
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/x-ndjson")] + headers})
+                "headers": [(b"content-type", translator.stream_content_type)] + headers})
     await pump(node, plan, hangup, send, upstream, translator.feed, tail=translator.end, judge=judge)
 
 

@@ -94,6 +94,8 @@ def _tool_calls_to_native(calls: Any) -> list[dict[str, Any]] | None:
 class NativeToOpenAI:
     """One translated exchange: built from the native request, then fed the answer."""
 
+    stream_content_type = b"application/x-ndjson"
+
     def __init__(self, route: str, body: dict[str, Any], stream: bool):
         self.route = route
         self.model = body.get("model")
