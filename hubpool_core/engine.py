@@ -589,9 +589,15 @@ class Engine(ABC):
         line ending or the ``data:`` prefix) is the dialect's closing frame.
 
         OpenAI: ``[DONE]``, or a chunk whose first choice has a ``finish_reason``.
-        Native: a JSON object with ``"done": true``. An error frame is never final.
+        Native: a JSON object with ``"done": true``. Messages: the ``message_stop`` event.
+        Responses: ``response.completed`` (or ``response.incomplete``, an answer cut at its
+        ``max_output_tokens`` as asked). An error frame is never final.
         """
         frame = frame.strip()
+        if dialect in (MESSAGES, RESPONSES):
+            obj = _json_or_none(frame)
+            finals = ("message_stop",) if dialect == MESSAGES else ("response.completed", "response.incomplete")
+            return isinstance(obj, dict) and obj.get("type") in finals
         if dialect == OPENAI:
             if frame == b"[DONE]":
                 return True

@@ -20,7 +20,7 @@ import aiohttp
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from hubpool_core.engine import OPENAI
+from hubpool_core.engine import OPENAI, RESPONSES
 from hubpool_core.models_ids import fold_model_id
 from hubpool_core.proxy.attempt import Failed, send_attempt, transport_code
 from hubpool_core.proxy.failover import exhausted, fails_over, passed_over
@@ -29,6 +29,7 @@ from hubpool_core.proxy.judge import clean, output_fault, read_whole, sample, un
 from hubpool_core.proxy.output_check import COMPLETION_ROUTES, judge_whole
 from hubpool_core.proxy.plan import STREAM_TYPES, RelayPlan
 from hubpool_core.proxy.pump import commit
+from hubpool_core.proxy.response_homes import response_id
 from hubpool_core.proxy.verdicts import Verdict, read_verdict, send_verdict, settle_at_end, settle_verdict
 
 log = logging.getLogger("hubpool.relay")
@@ -145,6 +146,11 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
             try:
                 judge = await commit(node, plan, hangup, send, upstream, cand, translator, started, held=held,
                                      judged=judged)
+                if plan.dialect == RESPONSES and translator is None and status == 200 and plan.inbound_from is None:
+                    first = held if held is not None else judge.first_bytes if judge is not None else b""
+                    rid = response_id(first, whole=held is not None)
+                    if rid is not None:  # a follow-up naming it can only go on there
+                        node.response_homes.remember(rid, cand)
                 if judged and alone and status == 200 and row["outcome"] == "served":
                     sample(node, plan, cand, attempt_started, held, judge)
             finally:
