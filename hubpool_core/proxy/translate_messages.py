@@ -4,7 +4,9 @@
 body or event stream (``message_start`` … ``message_stop``); ``/v1/messages/count_tokens``
 becomes a one-token completion whose ``usage.prompt_tokens`` is the count (the engine's own
 tokenizer and template; the prefill it costs warms the prompt cache for the turn that
-follows). What survives and what does not is in docs/translation.md. A stream gets its
+follows), never below the pool's own estimate of the prompt (bytes / 4 of its text): an
+engine that reports only the tokens it evaluated (Ollama, after a prompt-cache hit) would
+otherwise under-count a prompt it has seen before. What survives and what does not is in docs/translation.md. A stream gets its
 ``message_delta`` and ``message_stop`` only when the engine really finished: a cut stream
 stays visibly cut.
 """
@@ -153,9 +155,13 @@ class MessagesToChat:
         self.counting = route == COUNT_ROUTE
         self.model = body.get("model")
         self.upstream_body = chat_request(body, stream and not self.counting)
+        self.estimate = 0
         if self.counting:
             self.upstream_body.update(max_tokens=1, stream=False)
             self.upstream_body.pop("stream_options", None)
+            text = "".join(m["content"] if isinstance(m.get("content"), str) else json.dumps(m.get("content"))
+                           for m in self.upstream_body["messages"])
+            self.estimate = -(-len((text + json.dumps(self.upstream_body.get("tools", ""))).encode()) // 4)
         self.id = f"msg_{uuid.uuid4().hex[:24]}"
         self._reader = ChatStreamReader()
         self._started = False
@@ -179,7 +185,7 @@ class MessagesToChat:
         answer = read_answer(body)
         prompt, completion = usage_tokens(answer.usage)
         if self.counting:
-            return json.dumps({"input_tokens": prompt or 0}).encode()
+            return json.dumps({"input_tokens": max(prompt or 0, self.estimate)}).encode()
         content: list[dict[str, Any]] = []
         if answer.text:
             content.append({"type": "text", "text": answer.text})

@@ -168,7 +168,8 @@ def _note_arrival(engine: Engine, request: web.Request, model: str | None, body_
     stats.by_path[request.path] += 1
     if model:
         stats.by_model[model] += 1
-    headers: dict[str, Any] = {k.lower(): v for k, v in request.headers.items() if k.lower().startswith("x-hub-pool-")}
+    headers: dict[str, Any] = {k.lower(): v for k, v in request.headers.items()
+                               if k.lower().startswith(("x-hub-pool-", "anthropic-"))}
     headers["authorization"] = "Authorization" in request.headers
     stats.last_request = {"path": request.path, "model": model, "headers": headers, "body_bytes": body_bytes}
 
