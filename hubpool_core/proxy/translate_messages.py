@@ -6,9 +6,9 @@ becomes a one-token completion whose ``usage.prompt_tokens`` is the count (the e
 tokenizer and template; the prefill it costs warms the prompt cache for the turn that
 follows), never below the pool's own estimate of the prompt (bytes / 4 of its text): an
 engine that reports only the tokens it evaluated (Ollama, after a prompt-cache hit) would
-otherwise under-count a prompt it has seen before. What survives and what does not is in docs/translation.md. A stream gets its
-``message_delta`` and ``message_stop`` only when the engine really finished: a cut stream
-stays visibly cut.
+otherwise under-count a prompt it has seen before. What survives and what does not is in
+docs/translation.md. A stream gets its ``message_delta`` and ``message_stop`` only when the
+engine really finished: a cut stream stays visibly cut.
 """
 
 from __future__ import annotations
