@@ -14,13 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from hubpool_core.engine import OPENAI
 from hubpool_core.peering.client import PeerAuthError
 from hubpool_core.placement import Candidate
 from hubpool_core.proxy.connector import SEND_STATE, SendState, reset_before_answer
 from hubpool_core.proxy.hangup import Hangup
 from hubpool_core.proxy.plan import LOCAL_PREFIX, RelayPlan
-from hubpool_core.proxy.translators import Translator, translator_for
+from hubpool_core.proxy.translate import Translator, judged_dialect, translator_for
 
 if TYPE_CHECKING:
     from hubpool_core.proxy.verdicts import Verdict
@@ -56,13 +55,12 @@ async def open_request(node: Any, plan: RelayPlan, cand: Candidate,
     translator: Translator | None
     if cand.local is not None:
         engine = cand.local.engine
-        translator = None
         route, body_bytes = plan.route, plan.raw
-        if plan.dialect not in cand.local.dialects:  # native first, byte for byte
-            translator = translator_for(plan.dialect, plan.route, plan.body, plan.stream)
+        # native first, byte for byte: the engine's probed dialects say whether it needs one
+        translator = translator_for(plan.route, plan.dialect, plan.body, plan.stream, cand.local.dialects)
         if translator is not None:
             route, body_bytes = translator.upstream_route, json.dumps(translator.upstream_body).encode()
-        dialect = OPENAI if translator else plan.dialect
+        dialect = judged_dialect(plan.dialect, translator)
         url = engine.base_url + engine.upstream_path(dialect, route)
         headers = {"Content-Type": "application/json", **engine.auth_headers()}
     else:

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from hubpool_core.engine import error_message
+from hubpool_core.engine import OPENAI, error_message
 from hubpool_core.proxy.translate_chat import (
     ChatStreamReader,
     content_text,
@@ -148,6 +148,7 @@ class MessagesToChat:
     """One translated Messages exchange (or a count_tokens one): built from the request,
     then fed the engine's answer."""
 
+    upstream_dialect = OPENAI
     stream_content_type = b"text/event-stream"
     upstream_route = "/v1/chat/completions"
 

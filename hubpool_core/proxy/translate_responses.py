@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from hubpool_core.engine import error_message
+from hubpool_core.engine import OPENAI, error_message
 from hubpool_core.proxy.translate_chat import ChatStreamReader, content_text, read_answer, usage_tokens
 
 TEXT_KINDS = ("input_text", "output_text", "text")
@@ -127,6 +127,7 @@ def chat_request(body: dict[str, Any], stream: bool) -> dict[str, Any]:
 class ResponsesToChat:
     """One translated Responses exchange: built from the request, then fed the answer."""
 
+    upstream_dialect = OPENAI
     stream_content_type = b"text/event-stream"
     upstream_route = "/v1/chat/completions"
 
