@@ -264,6 +264,9 @@ class Engine(ABC):
     #: the model at (for example ``max_model_len``), read by :meth:`probe_openai_listing`;
     #: ``None`` when the listing states none.
     listing_window_field: ClassVar[str | None] = None
+    #: How :meth:`agent_dialects` decides, as ``hubpool plugins`` shows it: ``"version"``,
+    #: ``"probe"``, or ``"none"`` (the default: it serves none of them; all are translated).
+    agent_dialects_by: ClassVar[str] = "none"
     #: Where each agent dialect's route is on this engine, for :meth:`probe_agent_routes`.
     agent_routes: ClassVar[Mapping[str, str]] = {
         MESSAGES: "/v1/messages",

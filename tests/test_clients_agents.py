@@ -317,3 +317,23 @@ def test_output_checks_read_each_dialects_final_event_and_text(pool, route, body
     row = _row(nodes["hub-a"], r.headers["x-hub-pool-request-id"])
     assert row["outcome"] == "failed" and row["requestError"]["signature"] == signature, row
     assert row["requestError"]["basis"] == "node"
+
+
+def test_status_and_plugins_say_which_dialects_each_engine_serves(pool):
+    from hubpool_core.cli.status_commands import _this_node
+    from hubpool_core.plugins import load_plugins
+
+    nodes, _ = pool
+    with nodes["hub-b"].client(headers=nodes["hub-b"].headers()) as c:
+        status = c.get("/api/inference/pool/status").json()
+    engines = {b["type"]: b for b in status["localNode"]["backends"]}
+    assert engines["ollama"]["dialects"] == ["native", "openai"] and engines["ollama"]["agentDialectsKnown"]
+    assert "rerank" in engines["vllm"]["dialects"]
+    lines = _this_node(status)
+    served = [ln.strip() for ln in lines if ln.strip().startswith("serves ")]
+    assert "serves native, openai; translates messages, count-tokens, responses" in served  # Ollama 0.12.6
+    assert "serves openai, count-tokens, messages, responses" in served  # llama-server
+    records = {r.name: r for r in load_plugins((), []).records}
+    assert records["ollama"].dialects == ["native,openai · agent by version"]
+    assert records["llamacpp"].dialects == ["openai · agent by probe"]
+    assert records["lemonade"].dialects == ["openai · agent translated"]

@@ -33,6 +33,7 @@ class LlamacppEngine(Engine):
     default_url = "http://127.0.0.1:8080"
     dialects = frozenset({OPENAI})
     states_slots = True
+    agent_dialects_by = "probe"
     owned_by_names = frozenset({"llamacpp"})
 
     #: Error texts that are a verdict on the request (spec: "A request no node can serve").

@@ -40,6 +40,7 @@ class OllamaEngine(Engine):
     states_slots = True
     has_residency = True
     # Ollama's /v1/models names library models' owner "library"
+    agent_dialects_by = "version"
     owned_by_names = frozenset({"library", "ollama"})
 
     #: Error texts that are a verdict on the request (spec: "A request no node can serve").

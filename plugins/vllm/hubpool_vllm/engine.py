@@ -22,6 +22,7 @@ class VllmEngine(Engine):
     dialects = frozenset({OPENAI})
     # spec: "Two engines on port 8000" -- vLLM and oMLX share the default port, and
     # vLLM's listing says owned_by "vllm".
+    agent_dialects_by = "probe"
     owned_by_names = frozenset({"vllm"})
     #: Each ``/v1/models`` entry states the window the model runs at.
     listing_window_field = "max_model_len"
