@@ -337,3 +337,20 @@ def test_status_and_plugins_say_which_dialects_each_engine_serves(pool):
     assert records["ollama"].dialects == ["native,openai · agent by version"]
     assert records["llamacpp"].dialects == ["openai · agent by probe"]
     assert records["lemonade"].dialects == ["openai · agent translated"]
+
+
+def test_metrics_and_the_routing_log_name_the_agent_routes(pool):
+    nodes, _ = pool
+    a = nodes["hub-a"]
+    turn = [{"role": "user", "content": "x"}]
+    for route, body in (("/v1/messages", {"model": NATIVE, "max_tokens": 2, "messages": turn}),
+                        ("/v1/messages/count_tokens", {"model": NATIVE, "messages": turn}),
+                        ("/v1/responses", {"model": NATIVE, "input": "x"}),
+                        ("/rerank", {"model": RERANKER, "query": "q", "documents": ["d"]})):
+        r = httpx.post(a.url + route, json=body)
+        assert r.status_code == 200, r.text
+        assert _row(a, r.headers["x-hub-pool-request-id"])["path"] == ("/v1/rerank" if route == "/rerank" else route)
+    with a.client(headers=a.headers()) as c:
+        text = c.get("/metrics").text
+    for route in ("/v1/messages", "/v1/messages/count_tokens", "/v1/responses", "/v1/rerank"):
+        assert f'route="{route}"' in text, route

@@ -38,7 +38,8 @@ def build_handout(*, base_url: str, offers: dict[str, set[str]], windows: dict[s
     if model is None:
         return {"model": None, "numCtx": None, "servedBy": [], "warnings": warnings + [
             "no chat model in the pool fits: load a chat model on any node, or lower minContext"],
-            "openaiBaseUrl": base_url + "/v1", "nativeBaseUrl": base_url, "env": {}}
+            "openaiBaseUrl": base_url + "/v1", "nativeBaseUrl": base_url, "anthropicBaseUrl": base_url,
+            "env": {}}
     nodes = sorted(offers[model])
     node_caps = [caps.get(n) for n in nodes]
     stated = [c for c in node_caps if c is not None]
@@ -51,9 +52,13 @@ def build_handout(*, base_url: str, offers: dict[str, set[str]], windows: dict[s
         warnings.append(f"every node serving {model} caps the window at {cap}, below this client's floor of "
                         f"{min_context}: raise the engine's context and the cap together, or keep this client "
                         "off those nodes")
+    # agents: Claude Code reads ANTHROPIC_BASE_URL (it appends /v1/messages) and ANTHROPIC_MODEL;
+    # Codex and the OpenAI SDKs OPENAI_BASE_URL, with the model in their own settings
     env = {"OPENAI_BASE_URL": base_url + "/v1", "OPENAI_API_BASE": base_url + "/v1", "OLLAMA_HOST": base_url,
+           "ANTHROPIC_BASE_URL": base_url, "ANTHROPIC_MODEL": model,
            "CI_LLM_BASE_URL": base_url + "/v1", "CI_LLM_MODEL": model}
     if num_ctx:
         env["CI_LLM_NUM_CTX"] = str(num_ctx)
-    return {"openaiBaseUrl": base_url + "/v1", "nativeBaseUrl": base_url, "model": model, "numCtx": num_ctx,
+    return {"openaiBaseUrl": base_url + "/v1", "nativeBaseUrl": base_url, "anthropicBaseUrl": base_url,
+            "model": model, "numCtx": num_ctx,
             "servedBy": nodes, "warnings": warnings, "env": env}
