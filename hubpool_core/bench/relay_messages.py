@@ -80,4 +80,4 @@ def judge(report: Any, per_round: Callable[..., float | None], goal: Callable[..
             oks.append(None if p50 is None or p99 is None else p50 <= bounds[0] and p99 <= bounds[1])
         verdict = judge_ok(None if not oks or None in oks else all(oks))
         report.goals.append(goal(gid, text, "; ".join(parts), verdict,
-                                 (skipped or "") + " translated: against the engine's own chat completion"))
+                                 ((skipped + " ") if skipped else "") + "translated: against the engine's own chat completion"))
