@@ -79,5 +79,5 @@ def judge(report: Any, per_round: Callable[..., float | None], goal: Callable[..
             parts.append(f"{label} +{fmt(p50, ' ms')} p50, +{fmt(p99, ' ms')} p99")
             oks.append(None if p50 is None or p99 is None else p50 <= bounds[0] and p99 <= bounds[1])
         verdict = judge_ok(None if not oks or None in oks else all(oks))
-        report.goals.append(goal(gid, text, "; ".join(parts), verdict,
-                                 ((skipped + " ") if skipped else "") + "translated: against the engine's own chat completion"))
+        note = "translated: against the engine's own chat completion"
+        report.goals.append(goal(gid, text, "; ".join(parts), verdict, f"{skipped} {note}" if skipped else note))
