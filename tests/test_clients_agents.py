@@ -354,3 +354,50 @@ def test_metrics_and_the_routing_log_name_the_agent_routes(pool):
         text = c.get("/metrics").text
     for route in ("/v1/messages", "/v1/messages/count_tokens", "/v1/responses", "/v1/rerank"):
         assert f'route="{route}"' in text, route
+
+
+@pytest.mark.parametrize("model,engine", [(NATIVE, "b-llamacpp"), (TRANSLATED, "b-ollama")],
+                         ids=["native", "translated"])
+def test_an_engines_verdict_on_the_request_comes_back_in_the_dialects_shape(pool, model, engine):
+    """spec: "A request no node can serve" — a 500 "no user query" is returned at once as a
+    400 with X-Hub-Pool-Upstream-Status: 500, in the Messages error shape either way."""
+    nodes, sims = pool
+    sims[engine].add_fault("verdict:no-user-query", model=model, count=1)
+    r = httpx.post(nodes["hub-a"].url + "/v1/messages", json={
+        "model": model, "max_tokens": 4, "messages": [{"role": "assistant", "content": "no user turn"}]})
+    assert r.status_code == 400 and r.headers["x-hub-pool-upstream-status"] == "500"
+    body = r.json()
+    message = body["error"]["message"]
+    assert "no user query found in messages" in message.lower()
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+    row = _row(nodes["hub-a"], r.headers["x-hub-pool-request-id"])
+    assert row["requestError"]["signature"] == "no-user-query" and row["requestError"]["basis"] == "definitive"
+
+
+def test_sessions_come_from_the_configured_sources_hashed(pool):
+    """Codex's session_id header names the session (the default list), and the list is the
+    operator's: a header of their own works, a bad entry is refused."""
+    nodes, _ = pool
+    a = nodes["hub-a"]
+    settings = "/api/inference/pool/settings"
+    with a.client(headers=a.headers()) as c:
+        assert c.patch(settings, json={"poolPrefixAffinityMaxInFlight": 2}).status_code == 200
+        try:
+            rows = []
+            for _ in range(2):
+                r = httpx.post(a.url + "/v1/responses", json={"model": NATIVE, "input": "x"},
+                               headers={"session_id": "codex-session-7f3a"})
+                rows.append(_row(a, r.headers["x-hub-pool-request-id"])["affinity"])
+            assert [s["keySource"] for s in rows] == ["session_id", "session_id"]
+            assert [s["outcome"] for s in rows] == ["miss", "hit"] and rows[0]["key"] == "header"
+            assert "codex-session-7f3a" not in str(c.get("/api/inference/pool/routing-log?limit=20").json())
+            assert c.patch(settings, json={"poolSessionSources": ["header:x-my-run"]}).status_code == 200
+            r = httpx.post(a.url + "/v1/responses", json={"model": NATIVE, "input": "x"},
+                           headers={"x-my-run": "run-1", "session_id": "ignored-now"})
+            assert _row(a, r.headers["x-hub-pool-request-id"])["affinity"]["keySource"] == "x-my-run"
+            bad = c.patch(settings, json={"poolSessionSources": ["cookie:sid"]})
+            assert bad.status_code == 422, bad.text
+        finally:
+            c.patch(settings, json={"poolPrefixAffinityMaxInFlight": 0,
+                                    "poolSessionSources": ["header:X-Hub-Pool-Session", "body:metadata.user_id",
+                                                           "header:session_id"]})

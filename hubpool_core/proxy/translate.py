@@ -17,7 +17,8 @@ from typing import Any, Protocol
 
 from hubpool_core.engine import COUNT_TOKENS, MESSAGES, NATIVE, OPENAI, RERANK, RESPONSES, error_message
 from hubpool_core.proxy.translate_messages import MessagesToChat
-from hubpool_core.proxy.translate_responses import ResponsesToChat
+from hubpool_core.proxy.translate_messages import error_body as anthropic_error
+from hubpool_core.proxy.translate_responses import ResponsesToChat, openai_error
 
 #: native option -> OpenAI field
 _OPTION_MAP = {
@@ -137,6 +138,19 @@ def translator_for(route: str, dialect: str, body: dict[str, Any], stream: bool,
         if dialect == RESPONSES:
             return ResponsesToChat(route, body, stream)
     raise ValueError(f"no translation from {dialect} to {', '.join(sorted(dialects))}")
+
+
+def dialect_error(dialect: str, status: int, raw: bytes) -> bytes:
+    """An engine's error body in an agent dialect's own shape (Anthropic's for Messages and
+    count_tokens, the OpenAI error object for Responses), its message kept."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        body = None
+    message = error_message(body) or raw.decode("utf-8", "replace")[:2000]
+    if dialect in (MESSAGES, COUNT_TOKENS):
+        return json.dumps(anthropic_error(status, message)).encode()
+    return json.dumps(openai_error(status, message)).encode()
 
 
 def judged_dialect(dialect: str, translator: Translator | None) -> str:

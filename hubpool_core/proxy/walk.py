@@ -20,7 +20,7 @@ import aiohttp
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from hubpool_core.engine import RESPONSES
+from hubpool_core.engine import AGENT_DIALECTS, RESPONSES
 from hubpool_core.models_ids import fold_model_id
 from hubpool_core.proxy.attempt import Failed, send_attempt, transport_code
 from hubpool_core.proxy.failover import exhausted, fails_over, passed_over
@@ -30,7 +30,7 @@ from hubpool_core.proxy.output_check import COMPLETION_ROUTES, judge_whole
 from hubpool_core.proxy.plan import STREAM_TYPES, RelayPlan
 from hubpool_core.proxy.pump import commit
 from hubpool_core.proxy.response_homes import response_id
-from hubpool_core.proxy.translate import judged_dialect
+from hubpool_core.proxy.translate import dialect_error, judged_dialect
 from hubpool_core.proxy.verdicts import Verdict, read_verdict, send_verdict, settle_at_end, settle_verdict
 
 log = logging.getLogger("hubpool.relay")
@@ -117,6 +117,11 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
             if status == 500 and (cand.is_local or "x-hub-pool-backend" in upstream.headers) \
                     and plan.inbound_from is None:
                 verdict = await read_verdict(node, plan, cand, upstream, hangup)
+                if verdict is not None and plan.dialect in AGENT_DIALECTS:
+                    # an agent reads its own dialect's error shape (the engine may have been asked
+                    # in another, here or on the peer); the engine's words are kept
+                    verdict.body = dialect_error(plan.dialect, 500 if verdict.signature == "chat-template" else 400,
+                                                 verdict.body)
                 if verdict is not None:
                     done = settle_verdict(node, plan, verdict, pending, attempt)
                     if done is not None:
