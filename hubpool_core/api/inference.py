@@ -29,6 +29,7 @@ from hubpool_core.placement import (
 from hubpool_core.placement import pool_offers as pool_offers  # re-exported: api/advice.py imports it here
 from hubpool_core.placement.sessions import session_of
 from hubpool_core.proxy import LOCAL_PREFIX, RelayPlan, RelayResponse
+from hubpool_core.proxy.response_homes import RESPONSE_ID
 from hubpool_core.signals.local_engines import LocalBackend, listing_backends
 
 POOL_PREFIX = "/api/inference/pool"
@@ -185,6 +186,8 @@ async def get_response(request: Request) -> Response:
         return refused
     node = request.app.state.node
     rid = request.path_params["response_id"]
+    if not RESPONSE_ID.fullmatch(rid):
+        return error_response(RESPONSES, 400, "a response id is 1-200 letters, digits and . _ : -", "invalid_id")
     home = node.response_homes.home(rid)
     if home is None:
         return error_response(RESPONSES, 404, f'response "{rid}" is not known to this node: it relayed none with '

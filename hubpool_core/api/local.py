@@ -21,6 +21,7 @@ from hubpool_core.engine import RESPONSES
 from hubpool_core.peering.guard import PeerRefused, admit
 from hubpool_core.placement import PlacementRequest, place_inbound, snapshot_of
 from hubpool_core.proxy import LOCAL_PREFIX, RelayPlan, RelayResponse
+from hubpool_core.proxy.response_homes import RESPONSE_ID
 from hubpool_core.signals.local_engines import listing_backends
 
 REQUEST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
@@ -145,7 +146,10 @@ async def local_response(request: Request) -> Response:
     engine = next((e for e in node.local.engines if e.kind == kind), None)
     if engine is None:
         return JSONResponse({"error": BAD_BACKEND}, status_code=400)
-    path = "/v1/responses/" + request.path_params["response_id"]
+    rid = request.path_params["response_id"]
+    if not RESPONSE_ID.fullmatch(rid):  # a peer's input: checked before it reaches an engine's URL
+        return JSONResponse({"error": "invalid response id"}, status_code=400)
+    path = "/v1/responses/" + rid
     try:
         reply = await node.local.http.get(engine.base_url + engine.upstream_path(RESPONSES, path),
                                           headers=engine.auth_headers())

@@ -19,6 +19,8 @@ from typing import Any
 from hubpool_core.placement import Candidate
 
 MAX_HOMES = 10_000
+#: what a response id may be: engines mint resp_<hex>; nothing else reaches an engine's URL
+RESPONSE_ID = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
 _ID = re.compile(rb'"id"\s*:\s*"([A-Za-z0-9_.:-]{1,200})"')
 _NOT_STORED = re.compile(rb'"store"\s*:\s*false')
 

@@ -101,6 +101,9 @@ class LocalEngines:
 
     async def _probe(self, index: int) -> Snapshot:
         engine = self.engines[index]
+        # the first time, the agent dialects are asked beside the probe, not after it: a cold
+        # read waits for both within placement's budget
+        asking = asyncio.ensure_future(self._ask_dialects(index)) if index not in self._dialects else None
         try:
             result = await engine.probe(self.http)
         except Exception as exc:  # noqa: BLE001 - a plugin bug must read as an unhealthy engine
@@ -115,21 +118,22 @@ class LocalEngines:
             if isinstance(depth, int) and not isinstance(depth, bool) and depth >= 0:
                 result = replace(result, queue_depth=depth)
         if result.healthy:
-            found = await self._known_dialects(index)
+            found = await asking if asking is not None else self._known_dialects(index)
             if found is not None:
                 result = replace(result, dialects=found)
         else:
+            if asking is not None:
+                asking.cancel()
             self._dialects.pop(index, None)  # when it is back it may be another build
         snap = Snapshot(result, time.monotonic())
         self._snapshots[index] = snap
         return snap
 
-    async def _known_dialects(self, index: int) -> frozenset[str] | None:
-        """The engine's agent dialects: asked (and waited for) the first time it is seen
-        healthy, then from the cache, refreshed behind the probe once it is old."""
+    def _known_dialects(self, index: int) -> frozenset[str] | None:
+        """The engine's agent dialects from the cache, refreshed behind the probe once old."""
         cached = self._dialects.get(index)
         if cached is None:
-            return await self._ask_dialects(index)
+            return None
         if time.monotonic() - cached[1] > DIALECTS_REFRESH_S:
             task = self._dialect_refresh.get(index)
             if task is None or task.done():
