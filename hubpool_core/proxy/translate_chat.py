@@ -52,6 +52,20 @@ class ChatAnswer:
     usage: dict[str, Any] = field(default_factory=dict)
 
 
+def read_whole(status: int, raw: bytes) -> tuple[dict[str, Any] | None, tuple[int, str] | None]:
+    """A whole answer from the engine: ``(its JSON object, None)``, or ``(None, (status,
+    message))`` when it is an error or not a JSON object (a 2xx that is not JSON reads as 502),
+    the message the engine's own (:func:`error_message`) or its first 2,000 characters."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError, UnicodeDecodeError):
+        body = None
+    if status < 400 and isinstance(body, dict):
+        return body, None
+    message = error_message(body) if isinstance(body, dict) else None
+    return None, (status if status >= 400 else 502, message or raw.decode("utf-8", "replace")[:2000])
+
+
 def read_answer(body: dict[str, Any]) -> ChatAnswer:
     choices = body.get("choices")
     choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
@@ -110,7 +124,9 @@ class ChatStreamReader:
             if not isinstance(choice, dict):
                 continue
             delta = d if isinstance(d := choice.get("delta"), dict) else {}
-            if isinstance(text := delta.get("content"), str) and text:
+            # a chat chunk's delta, or a completion chunk's text
+            text = delta.get("content") if "delta" in choice else choice.get("text")
+            if isinstance(text, str) and text:
                 yield ChatEvent(text=text)
             for call in delta.get("tool_calls") or []:
                 if not isinstance(call, dict):
@@ -149,3 +165,30 @@ def usage_tokens(usage: dict[str, Any]) -> tuple[int | None, int | None]:
         return value if isinstance(value, int) and not isinstance(value, bool) else None
 
     return count("prompt_tokens"), count("completion_tokens")
+
+
+class StreamClosing:
+    """What a translated stream's ending needs, for both writers: how the engine finished,
+    its usage, and whether the ending was written (once, and only if the engine finished)."""
+
+    def __init__(self) -> None:
+        self._finish: str | None = None
+        self._usage: dict[str, Any] = {}
+        self._closed = False
+
+    def noted(self, event: ChatEvent) -> bool:
+        """Record a finish or usage event; True when ``event`` was one."""
+        if event.finish is not None:
+            self._finish = event.finish
+        elif event.usage is not None:
+            self._usage = event.usage
+        else:
+            return False
+        return True
+
+    def closing(self) -> bool:
+        """True exactly once, when the engine finished: the ending is to be written now."""
+        if self._finish is None or self._closed:
+            return False
+        self._closed = True
+        return True

@@ -18,12 +18,14 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from hubpool_core.engine import OPENAI, error_message
+from hubpool_core.engine import OPENAI
 from hubpool_core.proxy.translate_chat import (
     ChatStreamReader,
+    StreamClosing,
     content_text,
     parse_arguments,
     read_answer,
+    read_whole,
     usage_tokens,
 )
 
@@ -144,7 +146,7 @@ def chat_request(body: dict[str, Any], stream: bool) -> dict[str, Any]:
     return out
 
 
-class MessagesToChat:
+class MessagesToChat(StreamClosing):
     """One translated Messages exchange (or a count_tokens one): built from the request,
     then fed the engine's answer."""
 
@@ -169,20 +171,13 @@ class MessagesToChat:
         self._block: tuple[str, int] | None = None  # ("text" | "tool", call index) of the open block
         self._blocks = 0
         self._tool_blocks: dict[int, int] = {}
-        self._finish: str | None = None
-        self._usage: dict[str, Any] = {}
-        self._closed = False
+        super().__init__()
 
     # -- whole answers -----------------------------------------------------------
     def whole(self, status: int, raw: bytes) -> bytes:
-        try:
-            body = json.loads(raw)
-        except (ValueError, RecursionError, UnicodeDecodeError):
-            body = None
-        if status >= 400 or not isinstance(body, dict):
-            message = error_message(body) if isinstance(body, dict) else None
-            return json.dumps(error_body(status if status >= 400 else 502,
-                                         message or raw.decode("utf-8", "replace")[:2000])).encode()
+        body, error = read_whole(status, raw)
+        if body is None:
+            return json.dumps(error_body(*error)).encode() if error else b""
         answer = read_answer(body)
         prompt, completion = usage_tokens(answer.usage)
         if self.counting:
@@ -226,10 +221,8 @@ class MessagesToChat:
                                                        "index": self._tool_blocks[piece.index],
                                                        "delta": {"type": "input_json_delta",
                                                                  "partial_json": piece.arguments}})
-            elif event.finish is not None:
-                self._finish = event.finish
-            elif event.usage is not None:
-                self._usage = event.usage
+            elif self.noted(event):
+                pass
             elif event.error is not None:
                 yield _sse("error", error_body(500, event.error))
             elif event.done:
@@ -237,9 +230,8 @@ class MessagesToChat:
 
     def end(self) -> Iterator[bytes]:
         """The engine's stream ended (or said [DONE]): close the message only if it finished."""
-        if self._finish is None or self._closed:
+        if not self.closing():
             return
-        self._closed = True
         if not self._started:
             self._started = True
             yield self._message_start()
@@ -249,7 +241,7 @@ class MessagesToChat:
         if prompt is not None:
             usage["input_tokens"] = prompt
         yield _sse("message_delta", {"type": "message_delta",
-                                     "delta": {"stop_reason": STOP_REASONS.get(self._finish, "end_turn"),
+                                     "delta": {"stop_reason": STOP_REASONS.get(self._finish or "", "end_turn"),
                                                "stop_sequence": None}, "usage": usage})
         yield _sse("message_stop", {"type": "message_stop"})
 

@@ -17,8 +17,15 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from hubpool_core.engine import OPENAI, error_message
-from hubpool_core.proxy.translate_chat import ChatStreamReader, content_text, read_answer, usage_tokens
+from hubpool_core.engine import OPENAI
+from hubpool_core.proxy.translate_chat import (
+    ChatStreamReader,
+    StreamClosing,
+    content_text,
+    read_answer,
+    read_whole,
+    usage_tokens,
+)
 
 TEXT_KINDS = ("input_text", "output_text", "text")
 OPENAI_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -124,7 +131,7 @@ def chat_request(body: dict[str, Any], stream: bool) -> dict[str, Any]:
     return out
 
 
-class ResponsesToChat:
+class ResponsesToChat(StreamClosing):
     """One translated Responses exchange: built from the request, then fed the answer."""
 
     upstream_dialect = OPENAI
@@ -142,9 +149,7 @@ class ResponsesToChat:
         self._output: list[dict[str, Any]] = []
         self._open: dict[str, Any] | None = None  # the output item being streamed
         self._call_items: dict[int, dict[str, Any]] = {}
-        self._finish: str | None = None
-        self._usage: dict[str, Any] = {}
-        self._closed = False
+        super().__init__()
 
     def _response(self, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None) -> dict[str, Any]:
         body = self.request
@@ -173,14 +178,9 @@ class ResponsesToChat:
 
     # -- whole answers -----------------------------------------------------------
     def whole(self, status: int, raw: bytes) -> bytes:
-        try:
-            body = json.loads(raw)
-        except (ValueError, RecursionError, UnicodeDecodeError):
-            body = None
-        if status >= 400 or not isinstance(body, dict):
-            message = error_message(body) if isinstance(body, dict) else None
-            return json.dumps(openai_error(status if status >= 400 else 502,
-                                           message or raw.decode("utf-8", "replace")[:2000])).encode()
+        body, error = read_whole(status, raw)
+        if body is None:
+            return json.dumps(openai_error(*error)).encode() if error else b""
         answer = read_answer(body)
         output: list[dict[str, Any]] = []
         if answer.text or not answer.calls:
@@ -240,10 +240,8 @@ class ResponsesToChat:
                     index = len(self._output) if item is self._open else self._position(item)
                     yield self._event("response.function_call_arguments.delta", item_id=item["id"],
                                       output_index=index, delta=piece.arguments)
-            elif event.finish is not None:
-                self._finish = event.finish
-            elif event.usage is not None:
-                self._usage = event.usage
+            elif self.noted(event):
+                pass
             elif event.error is not None:
                 yield self._event("error", code="server_error", message=event.error, param=None)
             elif event.done:
@@ -251,9 +249,8 @@ class ResponsesToChat:
 
     def end(self) -> Iterator[bytes]:
         """The engine's stream ended: ``response.completed`` only if it finished."""
-        if self._finish is None or self._closed:
+        if not self.closing():
             return
-        self._closed = True
         yield from self._close()
         status = self._status(self._finish)
         final = self._response(status, self._output, self._usage)
