@@ -23,11 +23,13 @@ SLOW = (
     "tests/security/test_upgrade_state_machine.py",  # 17 s
     "tests/test_advice.py",  # 24 s
     "tests/test_affinity_contention.py",  # 9 s
+    "tests/test_agent_session.py",  # 17 s
     "tests/test_bad_input.py",  # 14 s
     "tests/test_bench_capacity.py",  # 42 s
     "tests/test_chaos.py",  # 66 s
     "tests/test_cli.py",  # 59 s
     "tests/test_cli_pool.py",  # 150 s
+    "tests/test_clients_agents.py",  # 30 s
     "tests/test_clients_ollama.py",  # 7 s
     "tests/test_identity_lifecycle.py",  # 8 s
     "tests/test_pairing.py",  # 36 s

@@ -21,9 +21,14 @@ if "httpx" not in _sys.modules:
 
 from hubpool_core.directory import Directory, DirectoryCandidate, TailnetStatus  # noqa: E402
 from hubpool_core.engine import (
+    AGENT_DIALECTS,
+    COUNT_TOKENS,
+    MESSAGES,
     NATIVE,
     OPENAI,
     REQUEST_ERROR_SIGNATURES,
+    RERANK,
+    RESPONSES,
     Engine,
     EngineConfig,
     ModelInfo,
@@ -39,9 +44,14 @@ from hubpool_core.stage import Stage
 __version__ = "0.1.0"
 
 __all__ = [
+    "AGENT_DIALECTS",
+    "COUNT_TOKENS",
+    "MESSAGES",
     "NATIVE",
     "OPENAI",
     "REQUEST_ERROR_SIGNATURES",
+    "RERANK",
+    "RESPONSES",
     "Directory",
     "DirectoryCandidate",
     "Engine",

@@ -11,9 +11,9 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Any, cast
+from typing import Annotated, Any, cast
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, StringConstraints, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_PORT = 5002
@@ -157,6 +157,12 @@ class Pin(BaseModel):
     mode: str = Field(default="prefer", pattern="^prefer$")
 
 
+#: poolSessionSources' default: hubpool's header, Claude Code's metadata.user_id, Codex's
+#: session_id header (placement/sessions.py reads them)
+DEFAULT_SESSION_SOURCES = ("header:X-Hub-Pool-Session", "body:metadata.user_id", "header:session_id")
+SESSION_SOURCE_PATTERN = r"^(header:[A-Za-z0-9_-]{1,64}|body:[A-Za-z0-9_]{1,64}(\.[A-Za-z0-9_]{1,64}){0,3})$"
+
+
 class PoolSettings(BaseModel):
     """settings.json: the spec's persisted pool settings, plus hubpool's plugin switch."""
 
@@ -176,6 +182,10 @@ class PoolSettings(BaseModel):
     poolPrefixAffinityMaxInFlight: int = Field(default=0, ge=0, le=20)
     poolPrefixAffinityMargin: int = Field(default=0, ge=0, le=20)
     poolSlotAwareness: int = Field(default=0, ge=0, le=1)
+    #: hubpool's own: where a request's session id is read from for prefix affinity, first
+    #: match wins ("header:<name>", "body:<dotted.path>"); see placement/sessions.py
+    poolSessionSources: list[Annotated[str, StringConstraints(pattern=SESSION_SOURCE_PATTERN)]] = Field(
+        default_factory=lambda: list(DEFAULT_SESSION_SOURCES), max_length=8)
     #: hubpool's own, beyond the spec: 1 adds what a local engine itself reports running
     #: or waiting beyond this node's own requests (for engines whose plugin can read such a
     #: figure) to that candidate's queue depth; 0 (the default, until measured) ranks on the

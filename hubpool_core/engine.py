@@ -17,12 +17,30 @@ products:
     ``/api/embeddings``, ``/api/tags``, ``/api/ps``, ``/api/show`` and
     ``/api/version``; a stream's last line carries ``"done": true``.
 
-The core asks what an engine *can do* (``dialects``, ``renders_own_template``,
-``states_slots``), never what it *is*: ``kind`` is a label for headers and logs.
+Four more, the agent dialects (:data:`AGENT_DIALECTS`), are served natively by some
+engines and some versions only, so an engine says which per instance
+(:meth:`Engine.agent_dialects`); a request in one its engine does not serve is translated
+to chat completions (rerank, which has no translation, goes only where it is served):
+
+``"messages"``
+    Anthropic's Messages API, ``POST /v1/messages``; a stream is SSE events ending in
+    ``message_stop``.
+``"count-tokens"``
+    ``POST /v1/messages/count_tokens`` (``{"input_tokens": N}``).
+``"responses"``
+    OpenAI's Responses API, ``POST /v1/responses``; a stream is SSE events ending in
+    ``response.completed``.
+``"rerank"``
+    ``POST /v1/rerank`` (the Jina/Cohere shape: ``query``, ``documents``, ``results``).
+
+The core asks what an engine *can do* (``dialects``, ``agent_dialects``,
+``renders_own_template``, ``states_slots``), never what it *is*: ``kind`` is a label for
+headers and logs.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from abc import ABC, abstractmethod
@@ -35,6 +53,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 OPENAI = "openai"
 NATIVE = "native"
+MESSAGES = "messages"
+COUNT_TOKENS = "count-tokens"
+RESPONSES = "responses"
+RERANK = "rerank"
+#: The dialects an engine may or may not serve natively, by version or build.
+AGENT_DIALECTS = (MESSAGES, COUNT_TOKENS, RESPONSES, RERANK)
+#: Statuses that say a route does not exist on an engine: not found, wrong method, and
+#: llama-server's 501 for rerank on a server started without ``--reranking``.
+ROUTE_MISSING = frozenset({404, 405, 501})
 
 #: Signatures of a 500 body that is a verdict on the request rather than on the node
 #: (spec: "A request no node can serve"). Never the engine's message itself.
@@ -79,6 +106,9 @@ class ProbeResult:
     requests the engine says it runs at once, or ``None`` when it does not say.
     ``queue_depth`` is what the engine itself reported running plus waiting when it was
     asked (:meth:`Engine.queue_depth`, only with ``poolEngineQueueDepth`` on), or ``None``.
+    ``dialects`` is which :data:`AGENT_DIALECTS` the engine serves natively, as
+    :meth:`Engine.agent_dialects` last found (the core fills it and caches it), or ``None``
+    when not known (treated as none: those requests are translated).
     """
 
     running: bool
@@ -87,6 +117,7 @@ class ProbeResult:
     error: str | None = None
     slots: int | None = None
     queue_depth: int | None = None
+    dialects: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -235,6 +266,16 @@ class Engine(ABC):
     #: the model at (for example ``max_model_len``), read by :meth:`probe_openai_listing`;
     #: ``None`` when the listing states none.
     listing_window_field: ClassVar[str | None] = None
+    #: How :meth:`agent_dialects` decides, as ``hubpool plugins`` shows it: ``"version"``,
+    #: ``"probe"``, or ``"none"`` (the default: it serves none of them; all are translated).
+    agent_dialects_by: ClassVar[str] = "none"
+    #: Where each agent dialect's route is on this engine, for :meth:`probe_agent_routes`.
+    agent_routes: ClassVar[Mapping[str, str]] = {
+        MESSAGES: "/v1/messages",
+        COUNT_TOKENS: "/v1/messages/count_tokens",
+        RESPONSES: "/v1/responses",
+        RERANK: "/v1/rerank",
+    }
 
     #: ``request_errors`` compiled (filled by ``__init_subclass__``).
     _request_error_patterns: ClassVar[tuple[tuple[str, re.Pattern[str]], ...]] = ()
@@ -445,10 +486,11 @@ class Engine(ABC):
         """The engine's path for an app-facing ``route`` in ``dialect``.
 
         ``route`` is the app-facing path (``/v1/chat/completions``, ``/api/chat``).
-        OpenAI routes are re-rooted under :attr:`openai_prefix`; native routes pass
+        OpenAI routes, and the agent dialects' (``/v1/messages``, ``/v1/responses``,
+        ``/v1/rerank``), are re-rooted under :attr:`openai_prefix`; native routes pass
         through unchanged.
         """
-        if dialect == OPENAI and route.startswith("/v1/"):
+        if dialect != NATIVE and route.startswith("/v1/"):
             return self.openai_prefix + route[len("/v1"):]
         return route
 
@@ -466,6 +508,39 @@ class Engine(ABC):
         (the inventory then stands for residency, as an engine serving what it was
         started with)."""
         return None
+
+    async def agent_dialects(self, http: httpx.AsyncClient) -> frozenset[str] | None:
+        """Which of :data:`AGENT_DIALECTS` this engine serves natively, byte for byte.
+
+        Asked after a healthy probe, once, then again every few minutes and after the engine
+        was seen down (an upgrade restarts it); never on the request path. Decide by the
+        version the engine reports where it reports one (Ollama's ``/api/version``), else by
+        :meth:`probe_agent_routes`. The default, an empty set, is "none of them": requests in
+        those dialects are translated to chat completions, and rerank (which has no
+        translation) is not offered here. ``None`` is "cannot tell now" (asked again at the
+        next probe, and treated as none meanwhile). Never raises.
+        """
+        return frozenset()
+
+    async def probe_agent_routes(self, http: httpx.AsyncClient,
+                                 dialects: Iterable[str] = AGENT_DIALECTS) -> frozenset[str] | None:
+        """The ``dialects`` whose :attr:`agent_routes` exist on this engine, found by sending
+        each an empty JSON object (``{}``), which no engine can act on: 404, 405 or 501
+        (:data:`ROUTE_MISSING`) says the route is missing; any other answer (the 400 or 422
+        of a body missing its fields) says it is there. ``None`` when an answer cannot tell:
+        no connection, or 401/403 (the key is refused, so nothing is known). Never raises."""
+        async def status(path: str) -> int | None:
+            try:
+                response = await http.post(self.base_url + path, json={}, headers=self.auth_headers())
+            except (httpx.HTTPError, httpx.InvalidURL):
+                return None
+            return response.status_code
+
+        asked = [(d, self.agent_routes[d]) for d in dialects if d in self.agent_routes]
+        statuses = await asyncio.gather(*(status(path) for _, path in asked))
+        if any(code is None or code in (401, 403) for code in statuses):
+            return None
+        return frozenset(d for (d, _), code in zip(asked, statuses, strict=True) if code not in ROUTE_MISSING)
 
     async def queue_depth(self, http: httpx.AsyncClient) -> int | None:
         """Requests the engine itself reports running or waiting now, whoever sent them,
@@ -519,11 +594,17 @@ class Engine(ABC):
         line ending or the ``data:`` prefix) is the dialect's closing frame.
 
         OpenAI: ``[DONE]``, or a chunk whose first choice has a ``finish_reason``.
-        Native: a JSON object with ``"done": true``. An error frame is never final. The
-        frame is the engine's, unvalidated: any bytes must give an answer, never raise (a
-        malformed frame is simply not final).
+        Native: a JSON object with ``"done": true``. Messages: the ``message_stop`` event.
+        Responses: ``response.completed`` (or ``response.incomplete``, an answer cut at its
+        ``max_output_tokens`` as asked). An error frame is never final. The frame is the
+        engine's, unvalidated: any bytes must give an answer, never raise (a malformed frame
+        is simply not final).
         """
         frame = frame.strip()
+        if dialect in (MESSAGES, RESPONSES):
+            obj = _json_or_none(frame)
+            finals = ("message_stop",) if dialect == MESSAGES else ("response.completed", "response.incomplete")
+            return isinstance(obj, dict) and obj.get("type") in finals
         if dialect == OPENAI:
             if frame == b"[DONE]":
                 return True

@@ -27,6 +27,9 @@ log = logging.getLogger("hubpool.plugins")
 
 ENTRY_POINT_GROUP = "hubpool.plugins"
 
+#: how an engine finds its agent dialects, as `hubpool plugins` says it
+AGENT_DIALECTS_BY = {"version": "by version", "probe": "by probe", "none": "translated"}
+
 #: hook name -> (plugin kind shown in `hubpool plugins`, base class registered objects must subclass)
 REGISTRATION_HOOKS: dict[str, tuple[str, type | None]] = {
     "hubpool_register_engines": ("engine", Engine),
@@ -50,6 +53,8 @@ class PluginRecord:
     reason: str | None = None  # why not active
     order: int | None = None  # stage or pressure-source order, where it has one
     registered: list[str] = field(default_factory=list)
+    #: for engine plugins: each engine's native dialects and how its agent dialects are found
+    dialects: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -61,6 +66,7 @@ class PluginRecord:
             "reason": self.reason,
             "order": self.order,
             "registered": self.registered,
+            "dialects": self.dialects,
         }
 
 
@@ -215,6 +221,8 @@ def _collect(host: PluginHost, records: dict[str, PluginRecord]) -> None:
                     engine_kinds[obj.kind] = rec.name
                     host.engines.append(obj)
                     rec.registered.append(obj.kind)
+                    rec.dialects.append(f"{','.join(sorted(obj.dialects))} · agent "
+                                        f"{AGENT_DIALECTS_BY.get(obj.agent_dialects_by, obj.agent_dialects_by)}")
                 elif base is Directory:
                     host.directories.append(obj)
                     rec.registered.append(obj.name)

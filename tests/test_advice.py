@@ -62,6 +62,9 @@ def test_the_handout_names_urls_model_and_window(node):
     assert h["openaiBaseUrl"] == node.url + "/v1" and h["nativeBaseUrl"] == node.url
     assert h["model"] == "qwen3:8b" and h["numCtx"] == 32768 and h["servedBy"] == ["local"]
     assert h["env"]["CI_LLM_NUM_CTX"] == "32768" and h["env"]["OLLAMA_HOST"] == node.url
+    # what an agent needs: Claude Code's and Codex's base URLs, and the model
+    assert h["anthropicBaseUrl"] == h["env"]["ANTHROPIC_BASE_URL"] == node.url
+    assert h["env"]["ANTHROPIC_MODEL"] == "qwen3:8b" and h["env"]["OPENAI_BASE_URL"] == node.url + "/v1"
     with node.client(headers=node.headers()) as c:
         c.patch("/api/inference/preferences", json={"maxNumCtx": 16384})
     assert httpx.get(node.url + P + "/handout").json()["numCtx"] == 16384  # capped
@@ -71,6 +74,9 @@ def test_the_handout_names_urls_model_and_window(node):
     assert none["model"] is None and none["warnings"]
     out = cli(node, "handout", "--env")
     assert out.returncode == 0 and "CI_LLM_MODEL=qwen3:8b" in out.stdout
+    assert f"ANTHROPIC_BASE_URL={node.url}" in out.stdout and "ANTHROPIC_MODEL=qwen3:8b" in out.stdout
+    printed = cli(node, "handout")
+    assert printed.returncode == 0 and f"Anthropic URL    {node.url}" in printed.stdout
     assert httpx.get(node.url + P + "/handout", headers={"cf-ray": "x"}).status_code == 401
 
 

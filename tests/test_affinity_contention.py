@@ -80,7 +80,7 @@ def test_a_named_session_follows_to_the_node_it_last_ran_on(pair):
     assert first.status_code == 200, first.text
     assert first.headers["x-hub-pool-served-by"] == fqdn("hub-b")
     assert first.headers["x-hub-pool-affinity"] == "miss"
-    assert row(a, first)["affinity"] == {"key": "header", "outcome": "miss", "qualified": False, "remembered": None,
+    assert row(a, first)["affinity"] == {"key": "header", "keySource": "X-Hub-Pool-Session", "outcome": "miss", "qualified": False, "remembered": None,
                                          "inFlight": None, "leastLoadedInFlight": None, "maxInFlight": 2,
                                          "affinityMargin": margin}
     op(a, "DELETE", "/pins?scope=default")
@@ -93,7 +93,8 @@ def test_a_named_session_follows_to_the_node_it_last_ran_on(pair):
     assert second.headers["x-hub-pool-served-by"] == fqdn("hub-b")
     assert second.headers["x-hub-pool-affinity"] == "hit"
     section = row(a, second)["affinity"]
-    assert section == {"key": "header", "outcome": "hit", "qualified": True, "remembered": fqdn("hub-b"),
+    assert section == {"key": "header", "keySource": "X-Hub-Pool-Session", "outcome": "hit", "qualified": True,
+                       "remembered": fqdn("hub-b"),
                        "inFlight": 0, "leastLoadedInFlight": 0, "maxInFlight": 2, "affinityMargin": margin}
     assert "agent-run-1" not in str(row(a, second))  # the key is never logged
 

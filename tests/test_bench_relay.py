@@ -150,3 +150,53 @@ def test_the_bench_imports_no_simulator():
     root = Path(__file__).resolve().parents[1] / "hubpool_core" / "bench"
     for path in root.glob("*.py"):
         assert "hubpool_sim" not in path.read_text(), path
+
+
+def test_messages_native_through_a_node_byte_for_byte_and_translated_to_chat(tmp_path):
+    """The native Messages arm of G1/G2-messages: a stub naming a release that serves
+    /v1/messages is relayed untranslated; one naming none is translated to chat completions."""
+    from hubpool_core.bench.relay import _engine_choice
+    from hubpool_core.bench.relay_messages import MESSAGES, NATIVE_VERSION
+    from hubpool_core.bench.stub_engine import messages_frames
+
+    var, _all = _engine_choice()
+    started = procs.Started(tmp_path)
+    try:
+        native_url, _ = procs.start_stub(started, 20, 8, name="native", version=NATIVE_VERSION)
+        old_url, old = procs.start_stub(started, 20, 8, name="old")
+        body = {"model": FAST, "messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 8}
+        for url, native in ((native_url, True), (old_url, False)):
+            with RunningNode(tmp_path / f"n{native}", {var: url}) as node, \
+                    httpx.Client(trust_env=False, timeout=30) as c:
+                relayed = c.post(node.url + MESSAGES, json=body)
+                assert relayed.status_code == 200, relayed.text
+                events = frames(relayed.content, True)
+                if native:
+                    assert relayed.content == b"".join(messages_frames(FAST, 8))  # byte for byte
+                else:
+                    assert events[0].startswith(b"event: message_start") and events[-1].startswith(
+                        b"event: message_stop") and len(events) == 8 + 5
+    finally:
+        started.stop_all()
+    assert old.poll() is not None  # stopped
+
+
+def test_messages_goals_are_judged_per_round_against_their_own_baselines():
+    from hubpool_core.bench.relay import _fmt, _judge, _per_round, goal
+    from hubpool_core.bench.relay_messages import judge
+
+    def run(target: str, scenario: str, rnd: int, total: float, ttfb: float) -> Run:
+        return Run(target, scenario, rnd, {"ok": 10, "total_p50": total, "total_p99": total * 2,
+                                           "ttfb_p50": ttfb, "ttfb_p99": ttfb * 2}, 0.1, 0.0)
+
+    r = Report(config={})
+    for rnd in range(3):
+        for scenario in ("messages-nonstream-c1", "messages-stream-c1"):
+            r.runs += [run("direct-messages", scenario, rnd, 1.0, 0.5), run("hubpool-messages-native", scenario,
+                                                                             rnd, 1.4, 0.9),
+                       run("direct", scenario, rnd, 1.0, 0.5), run("hubpool-1hop", scenario, rnd, 3.0, 1.0)]
+    judge(r, _per_round, goal, _judge, _fmt, None)
+    g1, g2 = r.goals
+    assert g1["goal"] == "G1-messages" and g1["measured"].startswith("native +0.40 ms p50, +0.80 ms p99")
+    assert "translated +2.00 ms p50, +4.00 ms p99" in g1["measured"] and g1["verdict"] == "FAIL"
+    assert g2["goal"] == "G2-messages" and g2["verdict"] == "PASS"  # +0.4/+0.8 native, +0.5/+1.0 translated

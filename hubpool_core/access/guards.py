@@ -79,7 +79,8 @@ def inference_refusal(client_ip: str | None, headers: dict[str, str], keys: KeyS
     """``None`` when the caller may use the inference routes, else (status, OpenAI-shaped body)."""
     if admitted_by_origin(client_ip, headers):
         return None  # apps inside never pay for a key lookup
-    token = bearer(headers)
+    # Anthropic's clients send the key as x-api-key, OpenAI's as a bearer token: either is the key
+    token = bearer(headers) or _api_key_header(headers)
     outside = "this caller is outside this node"
     if tailnet_requires_key() and is_inside(client_ip, tailnet_inside=True):
         outside = "tailnet callers need a key here (HUB_INFERENCE_TAILNET_AUTH=require-key)"
@@ -87,7 +88,7 @@ def inference_refusal(client_ip: str | None, headers: dict[str, str], keys: KeyS
         return 401, openai_error(
             f"An inference API key is required: {outside}. "
             "Create one on the node with `hubpool api-key create --scope inference` "
-            "and send it as Authorization: Bearer <key>.",
+            "and send it as Authorization: Bearer <key> (or x-api-key: <key>).",
             "missing_api_key",
         )
     principal = keys.resolve(token)
@@ -98,6 +99,11 @@ def inference_refusal(client_ip: str | None, headers: dict[str, str], keys: KeyS
             "invalid_api_key",
         )
     return None
+
+
+def _api_key_header(headers: dict[str, str]) -> str | None:
+    value = next((v for k, v in headers.items() if k.lower() == "x-api-key"), None)
+    return value.strip() or None if isinstance(value, str) else None
 
 
 #: Routes a qa:read key may GET (spec: "Reading these without an operator credential").

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import time
 from datetime import datetime
 from typing import Any
@@ -13,7 +12,8 @@ from fastapi.responses import JSONResponse, Response
 
 from hubpool_core import __version__
 from hubpool_core.access.guards import inference_refusal
-from hubpool_core.engine import NATIVE, OPENAI
+from hubpool_core.api.dialects import AGENT_ROUTES, SPELLINGS, body_problem, error_response, passed_headers, reshaped
+from hubpool_core.engine import AGENT_DIALECTS, NATIVE, OPENAI, RESPONSES
 from hubpool_core.models_ids import fold_model_id, same_model
 from hubpool_core.placement import (
     AUTO,
@@ -27,7 +27,9 @@ from hubpool_core.placement import (
     usable_peers,
 )
 from hubpool_core.placement import pool_offers as pool_offers  # re-exported: api/advice.py imports it here
+from hubpool_core.placement.sessions import session_of
 from hubpool_core.proxy import LOCAL_PREFIX, RelayPlan, RelayResponse
+from hubpool_core.proxy.response_homes import RESPONSE_ID
 from hubpool_core.signals.local_engines import LocalBackend, listing_backends
 
 POOL_PREFIX = "/api/inference/pool"
@@ -41,10 +43,10 @@ ROUTED = {
     "/api/generate": (NATIVE, "completion"),
     "/api/embed": (NATIVE, "embeddings"),
     "/api/embeddings": (NATIVE, "embeddings"),
+    **AGENT_ROUTES,
 }
 MODEL_REQUIRED = {"error": 'Request body must include a "model" field'}
 PEER_SHOW_TIMEOUT_S = 15
-SESSION_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+=-]{0,127}")
 
 
 class BadRequest(Exception):
@@ -56,12 +58,14 @@ def _client_ip(request: Request) -> str | None:
     return request.client.host if request.client else None
 
 
-def _guard(request: Request) -> JSONResponse | None:
+def _guard(request: Request, dialect: str | None = None) -> JSONResponse | None:
     node = request.app.state.node
     refusal = inference_refusal(_client_ip(request), dict(request.headers.items()), node.keys)
     if refusal is None:
         return None
     status, body = refusal
+    if dialect in AGENT_DIALECTS:
+        return reshaped(dialect, status, body)
     return JSONResponse(body, status_code=status)
 
 
@@ -90,7 +94,7 @@ async def read_json_object(request: Request, limit: int) -> tuple[bytes, dict[st
 
 
 def _wants_stream(dialect: str, route_class: str, body: dict[str, Any]) -> bool:
-    if route_class == "embeddings":
+    if route_class in ("embeddings", "count", "rerank"):
         return False
     if dialect == NATIVE:  # native routes stream unless the body says stream: false
         return body.get("stream") is not False
@@ -104,27 +108,33 @@ def _error(status: int, message: str, request_id: str | None = None) -> JSONResp
 
 async def routed(request: Request) -> Response:
     node = request.app.state.node
-    refused = _guard(request)
-    if refused is not None:
-        return refused
     route = request.scope["route_key"]
     dialect, route_class = ROUTED[route]
+    refused = _guard(request, dialect)
+    if refused is not None:
+        return refused
     tracer = node.tracer
     began = time.time_ns() if tracer is not None else 0  # a traced request's span covers its placement
     try:
         raw, body = await read_json_object(request, node.env.max_body_bytes)
     except BadRequest as exc:
-        return _error(exc.status, exc.message)
+        return error_response(dialect, exc.status, exc.message)
     model = body.get("model")
     if not isinstance(model, str) or not model:
-        return JSONResponse(MODEL_REQUIRED, status_code=400)
-    session = request.headers.get("x-hub-pool-session")
+        return error_response(dialect, 400, MODEL_REQUIRED["error"])
+    problem = body_problem(dialect, body)
+    if problem is not None:
+        return error_response(dialect, 400, problem)
+    found = session_of(node.settings.current.poolSessionSources, request.headers, body)
     asked = PlacementRequest(route, dialect, route_class, model, body, raw, _wants_stream(dialect, route_class, body),
-                             session if session and SESSION_PATTERN.fullmatch(session) else None)
+                             found[0] if found else None, found[1] if found else None)
     snapshot = await snapshot_of(node)
     plan = await place(snapshot, asked)
     if isinstance(plan, NoAutoModel):
-        return _error(502, plan.message)
+        return error_response(dialect, 502, plan.message)
+    held = node.response_homes.restrict(plan, body) if dialect == RESPONSES else None
+    if held is not None:  # previous_response_id: only the engine that stored it can go on from it
+        return error_response(dialect, 404, held, "previous_response_not_found")
     ordered, ctx = plan.candidates, plan.context
     row = node.routing_log.open(
         direction="outbound", path=route, model=plan.model, candidates=len(ordered),
@@ -139,18 +149,69 @@ async def routed(request: Request) -> Response:
                 stage.exhausted(ctx)
             except Exception:  # noqa: BLE001 - an observer must not break the answer
                 pass
-        body_502 = {"error": plan.diagnosis,
-                    "localBackends": await node.local.describe_for_502(snapshot.backends, plan.model)}
+        local_backends = await node.local.describe_for_502(snapshot.backends, plan.model)
+        headers = {"X-Hub-Pool-Request-Id": row["id"], **ctx.response_headers}
+        if dialect in AGENT_DIALECTS:
+            # a model no node lists at all is the app's mistake (404, as the APIs answer it);
+            # one that is listed somewhere but cannot be served now is the pool's (502)
+            known = any(b.lists(plan.model) for b in snapshot.backends) or any(
+                same_model(m, plan.model) for m in pool_offers([], snapshot.peers))
+            status = 502 if known else 404
+            if not known:
+                node.routing_log.touch(row, status=404, reason="no node lists this model")
+            if span is not None:
+                tracer.end_request(span, row, status)
+            return error_response(dialect, status, plan.diagnosis if known else
+                                  f'model "{plan.model}" is not served by this node or any connected peer',
+                                  None if known else "model_not_found", headers, localBackends=local_backends)
+        body_502 = {"error": plan.diagnosis, "localBackends": local_backends}
         if span is not None:
             tracer.end_request(span, row, 502)
-        return JSONResponse(body_502, status_code=502,
-                            headers={"X-Hub-Pool-Request-Id": row["id"], **ctx.response_headers})
-    extra = {"X-Hub-Pool-Session": ctx.session_header} if ctx.session_header else {}
+        return JSONResponse(body_502, status_code=502, headers=headers)
+    extra: dict[str, str] = {}
+    if ctx.session_header and ctx.session_source == "X-Hub-Pool-Session":
+        extra["X-Hub-Pool-Session"] = ctx.session_header
+    extra.update(passed_headers(dialect, request.headers))
     relay = RelayPlan(route=route, dialect=dialect, body=plan.body, raw=plan.raw, model=plan.model,
                       stream=asked.stream, candidates=ordered, row=row, budget_ms=plan.budget_ms,
                       pin_note=plan.pin_note, extra_headers=extra, num_ctx=ctx.num_ctx, context=ctx,
                       observers=list(node.stages), estimated_tokens=plan.estimated_tokens, span=span)
     return RelayResponse(node, relay)
+
+
+async def get_response(request: Request) -> Response:
+    """GET /v1/responses/{id}: asked of the engine that stored it, here or on its peer."""
+    refused = _guard(request, RESPONSES)
+    if refused is not None:
+        return refused
+    node = request.app.state.node
+    rid = request.path_params["response_id"]
+    if not RESPONSE_ID.fullmatch(rid):
+        return error_response(RESPONSES, 400, "a response id is 1-200 letters, digits and . _ : -", "invalid_id")
+    home = node.response_homes.home(rid)
+    if home is None:
+        return error_response(RESPONSES, 404, f'response "{rid}" is not known to this node: it relayed none with '
+                              "that id (or restarted since)", "response_not_found")
+    where, kind = home
+    path = "/v1/responses/" + rid
+    try:
+        if where == "local":
+            engine = next(e for e in node.local.engines if e.kind == kind)
+            reply = await node.local.http.get(engine.base_url + engine.upstream_path(RESPONSES, path),
+                                              headers=engine.auth_headers())
+        else:
+            peer = node.peers.by_fqdn(where)
+            if peer is None:
+                raise LookupError(where)
+            headers = await node.peer_client.auth_headers(peer, "GET", LOCAL_PREFIX + path, None)
+            reply = await node.peer_client.http.get(node.peer_client.base_url(where) + LOCAL_PREFIX + path,
+                                                    timeout=PEER_SHOW_TIMEOUT_S,
+                                                    headers={**headers, "X-Hub-Pool-Backend": kind})
+    except Exception:  # noqa: BLE001 - the holder is gone or unreachable: say so, in the dialect's shape
+        return error_response(RESPONSES, 503, f'response "{rid}" is held by {where}\'s {kind}, which cannot be '
+                              "reached now", "response_holder_unavailable")
+    return Response(reply.content, status_code=reply.status_code, media_type="application/json",
+                    headers={"X-Hub-Pool-Served-By": where, "X-Hub-Pool-Backend": kind})
 
 
 # -- listings ----------------------------------------------------------------------
@@ -363,8 +424,9 @@ def _epoch(iso: str | None) -> int:
 def build_router() -> APIRouter:
     router = APIRouter()
     for prefix in ("", POOL_PREFIX):
-        for route in ROUTED:
-            router.add_api_route(prefix + route, _with_key(route), methods=["POST"], include_in_schema=bool(prefix))
+        for path, route in [*((r, r) for r in ROUTED), *SPELLINGS.items()]:
+            router.add_api_route(prefix + path, _with_key(route), methods=["POST"], include_in_schema=bool(prefix))
+        router.add_api_route(prefix + "/v1/responses/{response_id}", get_response, methods=["GET"])
         router.add_api_route(prefix + "/v1/models", list_openai_models, methods=["GET"])
         router.add_api_route(prefix + "/api/tags", list_native_tags, methods=["GET"])
         router.add_api_route(prefix + "/api/ps", list_running, methods=["GET"])
@@ -374,7 +436,8 @@ def build_router() -> APIRouter:
 
 
 #: full path -> app-facing route, for the pure-ASGI fast path (:func:`serve_routed`)
-FAST_PATHS = {prefix + route: route for prefix in ("", POOL_PREFIX) for route in ROUTED}
+FAST_PATHS = {prefix + path: route for prefix in ("", POOL_PREFIX)
+              for path, route in [*((r, r) for r in ROUTED), *SPELLINGS.items()]}
 
 
 async def serve_routed(app: Any, scope: dict[str, Any], receive: Any, send: Any, route: str,

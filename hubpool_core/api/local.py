@@ -15,10 +15,13 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from hubpool_core.api.dialects import passed_headers
 from hubpool_core.api.inference import ROUTED, BadRequest, _wants_stream, read_json_object
+from hubpool_core.engine import RESPONSES
 from hubpool_core.peering.guard import PeerRefused, admit
 from hubpool_core.placement import PlacementRequest, place_inbound, snapshot_of
 from hubpool_core.proxy import LOCAL_PREFIX, RelayPlan, RelayResponse
+from hubpool_core.proxy.response_homes import RESPONSE_ID
 from hubpool_core.signals.local_engines import listing_backends
 
 REQUEST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
@@ -95,7 +98,8 @@ async def forward(request: Request) -> Response:
         return JSONResponse({"error": plan.diagnosis}, status_code=502)
     relay = RelayPlan(route=route, dialect=dialect, body=body, raw=raw, model=model, stream=asked.stream,
                       candidates=plan.candidates, row=row, budget_ms=plan.budget_ms, inbound_from=peer.node_fqdn,
-                      num_ctx=plan.num_ctx, estimated_tokens=plan.estimated_tokens, span=span)
+                      num_ctx=plan.num_ctx, estimated_tokens=plan.estimated_tokens, span=span,
+                      extra_headers=passed_headers(dialect, request.headers))
     return RelayResponse(node, relay)
 
 
@@ -132,6 +136,29 @@ async def local_show(request: Request) -> Response:
     return answer or JSONResponse({"error": "model not found on this node"}, status_code=404)
 
 
+async def local_response(request: Request) -> Response:
+    """A peer asking this node's engine (X-Hub-Pool-Backend) for a response it stored."""
+    node = request.app.state.node
+    _peer, refused = _admitted(node, request, "/v1/responses")
+    if refused is not None:
+        return refused
+    kind = request.headers.get("x-hub-pool-backend", "")
+    engine = next((e for e in node.local.engines if e.kind == kind), None)
+    if engine is None:
+        return JSONResponse({"error": BAD_BACKEND}, status_code=400)
+    rid = request.path_params["response_id"]
+    if not RESPONSE_ID.fullmatch(rid):  # a peer's input: checked before it reaches an engine's URL
+        return JSONResponse({"error": "invalid response id"}, status_code=400)
+    path = "/v1/responses/" + rid
+    try:
+        reply = await node.local.http.get(engine.base_url + engine.upstream_path(RESPONSES, path),
+                                          headers=engine.auth_headers())
+    except Exception:  # noqa: BLE001 - the engine is down: the asking node says so to its app
+        return JSONResponse({"error": f"this node's {kind} did not answer"}, status_code=502)
+    return Response(reply.content, status_code=reply.status_code, media_type="application/json",
+                    headers={"X-Hub-Pool-Backend": kind})
+
+
 def _keyed(fn: Any, route: str) -> Any:
     async def endpoint(request: Request) -> Response:
         request.scope["route_key"] = route
@@ -148,4 +175,5 @@ def build_router() -> APIRouter:
     router.add_api_route(LOCAL_PREFIX + "/v1/models", _keyed(local_listing, "/v1/models"), methods=["GET"])
     router.add_api_route(LOCAL_PREFIX + "/api/tags", _keyed(local_listing, "/api/tags"), methods=["GET"])
     router.add_api_route(LOCAL_PREFIX + "/api/show", local_show, methods=["POST"])
+    router.add_api_route(LOCAL_PREFIX + "/v1/responses/{response_id}", local_response, methods=["GET"])
     return router

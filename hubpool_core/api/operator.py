@@ -113,7 +113,8 @@ async def status(request: Request) -> Response:
             "gpuPressureSource": wire_source_name(node.pressure.source) if node.pressure.source else None,
             "backends": [
                 {"type": b.engine.kind, "url": b.engine.base_url, "healthy": b.healthy,
-                 "modelsLoaded": [m.id for m in b.snapshot.result.models], "error": b.snapshot.result.error}
+                 "modelsLoaded": [m.id for m in b.snapshot.result.models], "error": b.snapshot.result.error,
+                 "dialects": sorted(b.dialects), "agentDialectsKnown": b.snapshot.result.dialects is not None}
                 for b in backends
             ],
             "capabilitiesError": None,

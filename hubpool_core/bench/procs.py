@@ -177,13 +177,16 @@ def wait_http(url: str, proc: subprocess.Popen, timeout: float, what: str, log: 
 
 # -- the stub engine ------------------------------------------------------------------
 
-def start_stub(started: Started, pace_ms: float, tokens: int) -> tuple[str, subprocess.Popen]:
-    """The stub engine on a free loopback port: its base URL and process."""
+def start_stub(started: Started, pace_ms: float, tokens: int, name: str = "stub",
+               version: str = "0.0.0-bench") -> tuple[str, subprocess.Popen]:
+    """The stub engine on a free loopback port: its base URL and process. ``version`` is
+    what its /api/version says (see hubpool_core/bench/stub_engine.py)."""
     port = free_port()
-    proc = started.start("stub", [sys.executable, "-m", "hubpool_core.bench.stub_engine", "--port", str(port),
-                                  "--pace-ms", str(pace_ms), "--tokens", str(tokens)], env=child_env({}))
+    proc = started.start(name, [sys.executable, "-m", "hubpool_core.bench.stub_engine", "--port", str(port),
+                                "--pace-ms", str(pace_ms), "--tokens", str(tokens), "--version", version],
+                         env=child_env({}))
     url = f"http://127.0.0.1:{port}"
-    wait_http(url + "/v1/models", proc, 30, "the stub engine", "\n" + started.log_tail("stub"))
+    wait_http(url + "/v1/models", proc, 30, "the stub engine", "\n" + started.log_tail(name))
     return url, proc
 
 

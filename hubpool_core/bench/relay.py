@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hubpool_core.bench import procs
+from hubpool_core.bench import procs, relay_messages
 from hubpool_core.bench.stub_engine import FAST, PACED
 from hubpool_core.node.heap_trim import TRIM_INTERVAL_S
 
@@ -566,7 +566,15 @@ def run_bench(*, quick: bool = False, gate: bool = False, rounds: int | None = N
             progress(f"{n:,} signed forwards into the serving node")
             report.extra["signedForwards"] = _signed_forwards(nodes["bench-a"], nodes["bench-b"], driver, n,
                                                               per_run_cap)
+        messages_skipped = None
         if not gate:
+            progress("starting the native Messages stub and node")
+            arms = dict(targets)
+            messages_skipped = relay_messages.start(started, arms, Target, engine_var, engine_vars, pace_ms, TOKENS)
+            for name in ("direct-messages", "hubpool-messages-native"):
+                if name in arms:
+                    one(arms[name], Scenario("warm", FAST, True, 4, 40), -1, path=relay_messages.MESSAGES)
+            report.runs += relay_messages.run_rounds(one, arms, Scenario, rounds, quick, PROMPT, TOKENS, progress)
             progress("filling the routing log to 10,000 rows")
             report.extra["memory"] = _memory(nodes["bench-b"], driver, targets["hubpool-1hop"], per_run_cap)
         report.config["loadavgEnd"] = os.getloadavg()
@@ -575,6 +583,7 @@ def run_bench(*, quick: bool = False, gate: bool = False, rounds: int | None = N
             judge_gate(report, targets)
         else:
             judge_goals(report, targets)
+            relay_messages.judge(report, _per_round, goal, _judge, _fmt, messages_skipped)
         return report
     finally:
         started.stop_all()

@@ -7,7 +7,10 @@ byte-identical, which is what the byte-transparency check compares.
 
 Routes: ``GET /v1/models``, ``/api/tags``, ``/api/ps``, ``/api/version``, ``/health`` (the
 listings every dialect's probe reads), ``POST /v1/chat/completions`` (JSON, or SSE when
-``"stream": true``) and ``POST /api/chat`` (NDJSON unless ``"stream": false``).
+``"stream": true``), ``POST /v1/messages`` (Anthropic's Messages: JSON, or its event stream)
+and ``POST /api/chat`` (NDJSON unless ``"stream": false``). ``--version`` is what
+``/api/version`` says: from 0.14.0 an Ollama plugin in front of it sends ``/v1/messages``
+through untranslated (the relay benchmark's native Messages figures), below it translates.
 
 Models: ``bench-fast`` answers at once; ``bench-paced`` waits ``--pace-ms`` before each
 token (and the whole of it before a non-streamed answer). ``max_tokens`` (OpenAI) or
@@ -33,7 +36,7 @@ WORD = "tok "
 OWNER = "bench"
 
 
-def _listing(path: str) -> bytes | None:
+def _listing(path: str, version: str = "0.0.0-bench") -> bytes | None:
     if path == "/v1/models":
         return json.dumps({"object": "list", "data": [
             {"id": m, "object": "model", "created": CREATED, "owned_by": OWNER} for m in MODELS]}).encode()
@@ -42,7 +45,7 @@ def _listing(path: str) -> bytes | None:
             {"name": m, "model": m, "modified_at": STAMP, "size": 1, "digest": "0" * 12, "details": {},
              "context_length": 8192, "size_vram": 1} for m in MODELS]}).encode()
     if path == "/api/version":
-        return b'{"version":"0.0.0-bench"}'
+        return json.dumps({"version": version}).encode()
     if path == "/health":
         return b'{"status":"ok"}'
     return None
@@ -63,6 +66,34 @@ def _chunk(model: str, delta: dict[str, Any], finish: str | None) -> bytes:
     obj = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": CREATED, "model": model,
            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+def messages_frames(model: str, tokens: int) -> list[bytes]:
+    """The events of one streamed Messages answer (message_start ... message_stop)."""
+    def event(name: str, payload: dict[str, Any]) -> bytes:
+        return f"event: {name}\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
+
+    start: dict[str, Any] = {"id": "msg_bench", "type": "message", "role": "assistant", "model": model, "content": [],
+             "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 8, "output_tokens": 0}}
+    delta = event("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                          "delta": {"type": "text_delta", "text": WORD}})
+    return [event("message_start", {"type": "message_start", "message": start}),
+            event("content_block_start", {"type": "content_block_start", "index": 0,
+                                          "content_block": {"type": "text", "text": ""}}),
+            *[delta] * tokens,
+            event("content_block_stop", {"type": "content_block_stop", "index": 0}),
+            event("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn",
+                                                                       "stop_sequence": None},
+                                    "usage": {"output_tokens": tokens}}),
+            event("message_stop", {"type": "message_stop"})]
+
+
+def messages_body(model: str, tokens: int) -> bytes:
+    """A non-streamed Messages answer."""
+    return json.dumps({"id": "msg_bench", "type": "message", "role": "assistant", "model": model,
+                       "content": [{"type": "text", "text": WORD * tokens}], "stop_reason": "end_turn",
+                       "stop_sequence": None, "usage": {"input_tokens": 8, "output_tokens": tokens}},
+                      separators=(",", ":")).encode()
 
 
 def ndjson_frames(model: str, tokens: int) -> list[bytes]:
@@ -90,8 +121,8 @@ def whole_body(model: str, tokens: int, native: bool) -> bytes:
 class StubProtocol(asyncio.Protocol):
     """One HTTP/1.1 keep-alive connection; requests on it are served one at a time."""
 
-    def __init__(self, pace_s: float, tokens: int):
-        self.pace_s, self.tokens = pace_s, tokens
+    def __init__(self, pace_s: float, tokens: int, version: str = "0.0.0-bench"):
+        self.pace_s, self.tokens, self.version = pace_s, tokens, version
         self.buf = bytearray()
         self.transport: Any = None
         self.busy = False
@@ -156,13 +187,13 @@ class StubProtocol(asyncio.Protocol):
 
     async def _answer(self, method: str, path: str, body: bytes, keep: bool) -> None:
         if method == "GET":
-            listing = _listing(path)
+            listing = _listing(path, self.version)
             if listing is None:
                 self._simple("404 Not Found", b'{"error":"not found"}', keep)
             else:
                 self._simple("200 OK", listing, keep)
             return
-        if method != "POST" or path not in ("/v1/chat/completions", "/api/chat"):
+        if method != "POST" or path not in ("/v1/chat/completions", "/api/chat", "/v1/messages"):
             self._simple("404 Not Found", b'{"error":"not found"}', keep)
             return
         try:
@@ -174,7 +205,7 @@ class StubProtocol(asyncio.Protocol):
         if model not in MODELS:
             self._simple("404 Not Found", json.dumps({"error": f"model {model!r} not found"}).encode(), keep)
             return
-        native = path == "/api/chat"
+        native, messages = path == "/api/chat", path == "/v1/messages"
         limit = (req.get("options") or {}).get("num_predict") if native else req.get("max_tokens")
         tokens = limit if isinstance(limit, int) and 0 < limit <= 4096 else self.tokens
         pace = self.pace_s if model == PACED else 0.0
@@ -182,16 +213,18 @@ class StubProtocol(asyncio.Protocol):
         if not stream:
             if pace:
                 await asyncio.sleep(pace * tokens)
-            self._simple("200 OK", whole_body(model, tokens, native), keep)
+            self._simple("200 OK", messages_body(model, tokens) if messages else whole_body(model, tokens, native),
+                         keep)
             return
-        frames = ndjson_frames(model, tokens) if native else sse_frames(model, tokens)
+        frames = ndjson_frames(model, tokens) if native else messages_frames(model, tokens) if messages else \
+            sse_frames(model, tokens)
         ctype = "application/x-ndjson" if native else "text/event-stream"
         self.transport.write(f"HTTP/1.1 200 OK\r\ncontent-type: {ctype}\r\ncache-control: no-cache\r\n"
                              f"transfer-encoding: chunked\r\nconnection: {'keep-alive' if keep else 'close'}"
                              "\r\n\r\n".encode())
         for i, frame in enumerate(frames):
             # the pace is per token: the closing frames follow the last token at once
-            if pace and i < tokens:
+            if pace and (i - 2 if messages else i) in range(tokens):
                 await asyncio.sleep(pace)
             if self.closed:
                 return  # the client hung up: stop generating, as an engine does
@@ -199,10 +232,10 @@ class StubProtocol(asyncio.Protocol):
         self.transport.write(b"0\r\n\r\n")
 
 
-async def serve(host: str, port: int, pace_ms: float, tokens: int) -> asyncio.Server:
+async def serve(host: str, port: int, pace_ms: float, tokens: int, version: str = "0.0.0-bench") -> asyncio.Server:
     """Start the stub on ``host:port`` (port 0 picks one) and return the server."""
     loop = asyncio.get_running_loop()
-    return await loop.create_server(lambda: StubProtocol(pace_ms / 1000, tokens), host, port, backlog=2048)
+    return await loop.create_server(lambda: StubProtocol(pace_ms / 1000, tokens, version), host, port, backlog=2048)
 
 
 def main() -> None:
@@ -212,10 +245,11 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=9001)
     ap.add_argument("--pace-ms", type=float, default=20.0)
     ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--version", default="0.0.0-bench", help="what /api/version says")
     args = ap.parse_args()
 
     async def run() -> None:
-        server = await serve(args.host, args.port, args.pace_ms, args.tokens)
+        server = await serve(args.host, args.port, args.pace_ms, args.tokens, args.version)
         print(f"stub engine on {args.host}:{server.sockets[0].getsockname()[1]}", flush=True)
         await server.serve_forever()
 

@@ -54,6 +54,9 @@ def handout(tools: bool = typer.Option(False, "--tools", help="The client needs 
         return
     native = data["nativeBaseUrl"] or "- (the engine speaks only the OpenAI dialect)"
     out.print(f"OpenAI base URL  {data['openaiBaseUrl']}\nNative base URL  {native}", highlight=False)
+    if data.get("anthropicBaseUrl"):  # a node before the agent routes sends none
+        out.print(f"Anthropic URL    {data['anthropicBaseUrl']}  (Claude Code: ANTHROPIC_BASE_URL; from outside, "
+                  "an inference key as ANTHROPIC_AUTH_TOKEN)", highlight=False)
     out.print(f"Model            {data['model'] or '-'}  (served by {', '.join(data['servedBy']) or 'nobody'})",
               highlight=False)
     out.print(f"num_ctx          {data['numCtx'] or 'the engine default (no window known, no cap)'}", highlight=False)

@@ -81,12 +81,12 @@ def plugins(as_json: bool = JsonOption) -> None:
         print(json.dumps({"plugins": rows}, indent=2))
         return
     table = Table(box=None, pad_edge=False)
-    for col in ("NAME", "KIND", "DISTRIBUTION", "VERSION", "STATE", "ORDER"):
+    for col in ("NAME", "KIND", "DISTRIBUTION", "VERSION", "STATE", "ORDER", "DIALECTS"):
         table.add_column(col)
     for r in rows:
         state = "active" if r["active"] else f"inactive: {r['reason']}"
         table.add_row(r["name"], r["kind"] or "-", r["distribution"] or "-", r["version"] or "-", state,
-                      "" if r["order"] is None else str(r["order"]))
+                      "" if r["order"] is None else str(r["order"]), " | ".join(r["dialects"]))
     out.print(table)
 
 

@@ -133,6 +133,18 @@ def _measured_speed(s: dict[str, Any]) -> list[str]:
     return ["Measured speed (prefill)"] + rows if rows else []
 
 
+def _dialects(backend: dict[str, Any]) -> str:
+    """What an engine answers natively; the agent dialects it does not are translated."""
+    agent = ("messages", "count-tokens", "responses", "rerank")
+    native = [d for d in backend.get("dialects") or [] if d in agent]
+    base = [d for d in backend.get("dialects") or [] if d not in agent]
+    text = ", ".join(base + native)
+    if backend.get("agentDialectsKnown") is False:
+        return text + " (agent dialects not known yet)"
+    missing = [d for d in agent if d not in native and d != "rerank"]
+    return text + (f"; translates {', '.join(missing)}" if missing else "")
+
+
 def _this_node(s: dict[str, Any]) -> list[str]:
     n = s.get("localNode") or {}
     lines = ["This node", labelled("Node", n.get("nodeFqdn") or "no tailnet name yet", "  ")]
@@ -156,6 +168,8 @@ def _this_node(s: dict[str, Any]) -> list[str]:
         if error:
             text += f"  ({error})"
         lines.append(labelled("Engines" if i == 0 else "", text, "  "))
+        if b.get("healthy") and b.get("dialects"):
+            lines.append(labelled("", "  serves " + _dialects(b), "  "))
     if n.get("capabilitiesError"):
         lines.append(labelled("", f"({n['capabilitiesError']})", "  "))
     ident = n.get("identity") or {}

@@ -29,6 +29,7 @@ from hubpool_core.placement.quarantine import Quarantine
 from hubpool_core.placement.throughput import ThroughputStore
 from hubpool_core.plugins import PluginHost, load_plugins
 from hubpool_core.proxy import Budgets, ReuseAwareConnector
+from hubpool_core.proxy.response_homes import ResponseHomes
 from hubpool_core.signals.containers import ContainerSampler
 from hubpool_core.signals.local_engines import WHOLE_PROBE_MS, LocalEngines, build_engines
 from hubpool_core.signals.pressure_sampler import PressureSampler
@@ -70,6 +71,8 @@ class Node:
         self.engine_by_kind = {e.kind: e for e in self.local.engines}
         self.throughput = ThroughputStore()
         self.output_quarantine = Quarantine()
+        #: which node and engine hold each stored Responses-API answer (previous_response_id)
+        self.response_homes = ResponseHomes()
         self.unservable = Quarantine()
         self.stages = _instances(self.plugins.stages, self, "placement stage")
         size = env_int(env.routing_log_size, minimum=0) or DEFAULT_CAPACITY
@@ -136,6 +139,8 @@ class Node:
         models = [m.id for m in backend.snapshot.result.models]
         entry: dict[str, Any] = {"type": backend.engine.kind, "healthy": backend.healthy,
                                  "modelsLoaded": [m for m in models if fold_model_id(m) not in withheld]}
+        if backend.snapshot.result.dialects is not None:  # omitted while unknown, as older builds send
+            entry["dialects"] = sorted(backend.dialects)
         if withheld:
             entry["unservableModels"] = [m for m in models if fold_model_id(m) in withheld]
         return entry

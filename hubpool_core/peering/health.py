@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from hubpool_core.config import env_int
+from hubpool_core.engine import AGENT_DIALECTS, NATIVE, OPENAI
 from hubpool_core.models_ids import fold_model_id
 from hubpool_core.peering.client import PeerAuthError
 from hubpool_core.peering.peers import aware, iso, utcnow
@@ -68,6 +69,10 @@ def classify(status: int | None, refusal: str | None) -> str:
     return "unreachable"  # no answer, a 5xx, or a 403
 
 
+#: the dialects a peer may state an engine serves natively (anything else is dropped)
+KNOWN_DIALECTS = frozenset({OPENAI, NATIVE, *AGENT_DIALECTS})
+
+
 def valid_capabilities(data: Any) -> dict[str, Any] | None:
     """A peer's payload is validated wholesale before it is cached; a bad shape is no snapshot."""
     if not isinstance(data, dict) or not isinstance(data.get("backends"), list):
@@ -79,7 +84,11 @@ def valid_capabilities(data: Any) -> dict[str, Any] | None:
         models = b.get("modelsLoaded")
         if not isinstance(models, list) or not all(isinstance(m, str) and len(m) <= 300 for m in models):
             return None
-        backends.append({"type": b["type"][:40], "healthy": b.get("healthy") is True, "modelsLoaded": models[:2000]})
+        entry = {"type": b["type"][:40], "healthy": b.get("healthy") is True, "modelsLoaded": models[:2000]}
+        dialects = b.get("dialects")
+        if isinstance(dialects, list):  # additive: absent is "unknown", never a reason to refuse
+            entry["dialects"] = sorted({d for d in dialects[:16] if isinstance(d, str) and d in KNOWN_DIALECTS})
+        backends.append(entry)
     out = {k: v for k, v in data.items() if k in ("hardwareTier", "acceptingWork", "nodeUuid", "inFlightRequests",
                                                    "updatedAt", "maxPromptTokens", "maxNumCtx", "ollamaSlots",
                                                    "gpuPressure", "gpuPressureSource", "containers",

@@ -52,7 +52,8 @@ def build_handout(*, base_url: str, offers: dict[str, set[str]], windows: dict[s
     if model is None:
         return {"model": None, "numCtx": None, "servedBy": [], "warnings": warnings + [
             "no chat model in the pool fits: load a chat model on any node, or lower minContext"],
-            "openaiBaseUrl": base_url + "/v1", "nativeBaseUrl": base_url, "env": {}, "routedThroughPool": True}
+            "openaiBaseUrl": base_url + "/v1", "nativeBaseUrl": base_url, "anthropicBaseUrl": base_url,
+            "env": {}, "routedThroughPool": True}
     nodes = sorted(offers[model])
     node_caps = [caps.get(n) for n in nodes]
     stated = [c for c in node_caps if c is not None]
@@ -74,11 +75,14 @@ def build_handout(*, base_url: str, offers: dict[str, set[str]], windows: dict[s
                         f"{engine.product} directly ({openai_url}), not at the pool; it moves to the pool once a peer "
                         "connects (or turn poolRouteAppsAlways on)"
                         + (f". The {engine.product} wants its own API key" if engine.needs_key else ""))
+    # agents: Claude Code reads ANTHROPIC_BASE_URL (it appends /v1/messages) and ANTHROPIC_MODEL; it stays
+    # this node even when apps go direct, since the local engine may not speak Messages (the node translates)
     env = {"OPENAI_BASE_URL": openai_url, "OPENAI_API_BASE": openai_url, "CI_LLM_BASE_URL": openai_url,
-           "CI_LLM_MODEL": model}
+           "CI_LLM_MODEL": model, "ANTHROPIC_BASE_URL": base_url, "ANTHROPIC_MODEL": model}
     if native_url is not None:
         env["OLLAMA_HOST"] = native_url
     if num_ctx:
         env["CI_LLM_NUM_CTX"] = str(num_ctx)
-    return {"openaiBaseUrl": openai_url, "nativeBaseUrl": native_url, "model": model, "numCtx": num_ctx,
-            "servedBy": nodes, "warnings": warnings, "env": env, "routedThroughPool": engine is None}
+    return {"openaiBaseUrl": openai_url, "nativeBaseUrl": native_url, "anthropicBaseUrl": base_url, "model": model,
+            "numCtx": num_ctx, "servedBy": nodes, "warnings": warnings, "env": env,
+            "routedThroughPool": engine is None}

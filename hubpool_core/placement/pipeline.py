@@ -18,7 +18,8 @@ from hubpool_core.placement.pins import apply_pin
 _log = logging.getLogger("hubpool.placement")
 
 #: the chat and completion routes: the ones ceilings, caps and prompt-aware stages judge
-JUDGED_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/api/chat", "/api/generate"})
+JUDGED_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/api/chat", "/api/generate",
+                           "/v1/messages", "/v1/responses"})
 
 
 @dataclass
@@ -33,8 +34,11 @@ class PlacementContext:
     settings: Any
     #: options.num_ctx on the native routes, else None
     num_ctx: int | None = None
-    #: the app's X-Hub-Pool-Session header when it passed the character rules
+    #: the session the app named: X-Hub-Pool-Session when it passed the character rules, or
+    #: another configured source's value (already hashed)
     session_header: str | None = None
+    #: which source named it (``X-Hub-Pool-Session``, ``metadata.user_id``, ``session_id``)
+    session_source: str | None = None
     #: the chat and completion routes: the ones ceilings, caps and prompt-aware stages judge
     judged: bool = False
     #: response headers a stage wants on the answer (and on the 502), e.g. X-Hub-Pool-Affinity

@@ -59,8 +59,11 @@ class PlacementRequest:
     body: dict[str, Any]
     raw: bytes
     stream: bool
-    #: X-Hub-Pool-Session when it passed the character rules, else None
+    #: the session the app named (X-Hub-Pool-Session when it passed the character rules, or
+    #: another configured source's value, hashed), else None
     session_header: str | None = None
+    #: where the session came from (``X-Hub-Pool-Session``, ``metadata.user_id``, ...), else None
+    session_source: str | None = None
 
 
 @dataclass(slots=True)
@@ -176,11 +179,13 @@ async def place(snapshot: NodeSnapshot, request: PlacementRequest) -> Plan | NoA
     serving = [b for b in snapshot.backends if folded not in unservable("local", b.engine.kind)]
     ranking = build_candidates(model, serving, snapshot.peers, snapshot.load, local_affinity=settings.poolLocalAffinity,
                                pressure_weight=settings.poolPressureWeight,
-                               poll_seconds=settings.poolHealthPollSeconds, local_pressure=snapshot.local_pressure)
+                               poll_seconds=settings.poolHealthPollSeconds, local_pressure=snapshot.local_pressure,
+                               dialect=request.dialect)
     route = request.route
     ctx = PlacementContext(route=route, route_class=request.route_class, model=model, body=body,
                            estimated_tokens=estimated, settings=settings, num_ctx=request_num_ctx(route, body),
-                           session_header=request.session_header, judged=route in JUDGED_ROUTES)
+                           session_header=request.session_header, session_source=request.session_source,
+                           judged=route in JUDGED_ROUTES)
     ctx.scratch["budget_ms"] = budget
     pins = settings.poolPins
     pin = find_pin(pins, model)

@@ -10,7 +10,12 @@
 - ``pump.py``: committing to an answer and passing its bytes as they arrive.
 - ``judge.py``: what a judged answer does to its engine's withhold, and throughput samples.
 - ``output_check.py``: judging a 200 that may not be an answer.
-- ``translate.py``: native (NDJSON) requests served by an OpenAI-only engine.
+- ``translate.py``: the translator interface and which one a request needs; native (NDJSON)
+  requests served by an OpenAI-only engine.
+- ``translate_chat.py``: reading an engine's chat-completions answer for the two below.
+- ``translate_messages.py``, ``translate_responses.py``: Anthropic Messages (and
+  count_tokens) and OpenAI Responses requests served by a chat-completions engine.
+- ``response_homes.py``: which node and engine hold each stored Responses answer.
 
 The rest of the core uses the names below, and telemetry the fault names of ``output_check``.
 """

@@ -56,7 +56,8 @@ async def open_request(node: Any, plan: RelayPlan, cand: Candidate,
     if cand.local is not None:
         engine = cand.local.engine
         route, body_bytes = plan.route, plan.raw
-        translator = translator_for(plan.route, plan.dialect, plan.body, plan.stream, engine.dialects)
+        # native first, byte for byte: the engine's probed dialects say whether it needs one
+        translator = translator_for(plan.route, plan.dialect, plan.body, plan.stream, cand.local.dialects)
         if translator is not None:
             route, body_bytes = translator.upstream_route, json.dumps(translator.upstream_body).encode()
         dialect = judged_dialect(plan.dialect, translator)

@@ -14,13 +14,15 @@ import re
 import time
 from typing import Any
 
-from hubpool_core.engine import NATIVE, OPENAI
+from hubpool_core.engine import MESSAGES, NATIVE, OPENAI, RESPONSES
 
-COMPLETION_ROUTES = frozenset({"/api/chat", "/api/generate", "/v1/chat/completions", "/v1/completions"})
+COMPLETION_ROUTES = frozenset({"/api/chat", "/api/generate", "/v1/chat/completions", "/v1/completions",
+                               "/v1/messages", "/v1/responses"})
 TRUNCATED = "truncated-upstream"
 DEGENERATE = "degenerate-output"
 HEAD_CHARS = 256
 MAX_JUDGED_BODY_BYTES = 4 * 1024 * 1024
+FIRST_BYTES = 4096
 _PLACEHOLDERS = re.compile(r"(?:\s*<unused\d+>)+\s*")
 #: a character no run of placeholders contains: once the head has one, it is not degenerate
 _NOT_PLACEHOLDER = re.compile(r"[^\s\d<>unsed]")
@@ -33,6 +35,22 @@ def _text_of(obj: Any, dialect: str) -> str:
     if dialect == NATIVE:
         msg = m if isinstance(m := obj.get("message"), dict) else {}
         parts = [msg.get("content"), msg.get("thinking"), obj.get("response"), obj.get("thinking")]
+    elif dialect == MESSAGES:
+        delta = d if isinstance(d := obj.get("delta"), dict) else {}
+        parts = [delta.get("text"), delta.get("thinking")]
+        blocks = obj.get("content")
+        for block in blocks if isinstance(blocks, list) else []:
+            if isinstance(block, dict):
+                parts += [block.get("text"), block.get("thinking")]
+    elif dialect == RESPONSES:
+        kind = obj.get("type")
+        parts = [obj.get("delta")] if kind in ("response.output_text.delta", "response.reasoning_text.delta") else []
+        output = obj.get("output")
+        for item in output if isinstance(output, list) else []:
+            content = item.get("content") if isinstance(item, dict) else None
+            for part in content if isinstance(content, list) else []:
+                if isinstance(part, dict):
+                    parts.append(part.get("text"))
     else:
         parts = []
         for choice in obj.get("choices") or []:
@@ -63,6 +81,16 @@ def judge_whole(dialect: str, body: bytes) -> str | None:
             return None  # not recognisably the dialect
         if obj.get("done") is not True:
             return TRUNCATED
+    elif dialect == MESSAGES:
+        if obj.get("type") != "message":
+            return None
+        if not obj.get("stop_reason"):
+            return TRUNCATED
+    elif dialect == RESPONSES:
+        if obj.get("object") != "response":
+            return None
+        if obj.get("status") not in ("completed", "incomplete"):
+            return TRUNCATED
     else:
         choices = obj.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
@@ -72,11 +100,21 @@ def judge_whole(dialect: str, body: bytes) -> str | None:
     return DEGENERATE if degenerate(_text_of(obj, dialect)) else None
 
 
+#: the bytes that may mark each SSE dialect's final frame (the frame is parsed only then)
+_FINAL_MARKS = {OPENAI: (b"[DONE]", b"finish_reason"), MESSAGES: (b"message_stop",),
+                RESPONSES: (b"response.completed", b"response.incomplete")}
+
+
+def _may_be_final(dialect: str, frame: bytes) -> bool:
+    return any(mark in frame for mark in _FINAL_MARKS.get(dialect, ()))
+
+
 class StreamJudge:
     """Fed the bytes of a stream as they pass; ``verdict()`` at the end."""
 
     def __init__(self, dialect: str, is_final: Any):
         self.dialect = dialect
+        self.sse = dialect != NATIVE  # every other dialect streams Server-Sent Events
         self.is_final = is_final  # (dialect, frame bytes) -> bool
         self.head = ""
         self.recognised: bool | None = None
@@ -85,6 +123,8 @@ class StreamJudge:
         self._partial = b""
         self._last = b""
         self.last_object = b""
+        #: the stream's first bytes (a Responses stream's id is there)
+        self.first_bytes = b""
         self.first_chunk_at: float | None = None
         self.saw_bytes = False
         #: the head already holds text no placeholder run has: degenerate() cannot hold, so
@@ -95,6 +135,8 @@ class StreamJudge:
         if self.first_chunk_at is None:
             self.first_chunk_at = time.monotonic()
         self.saw_bytes = self.saw_bytes or bool(chunk.strip())
+        if len(self.first_bytes) < FIRST_BYTES:
+            self.first_bytes += chunk[:FIRST_BYTES - len(self.first_bytes)]
         data = self._partial + chunk
         lines = data.split(b"\n")
         self._partial = lines.pop()
@@ -105,7 +147,7 @@ class StreamJudge:
             if not line:
                 continue
             frame = line[5:].strip() if line.startswith(b"data:") else line
-            if self.dialect == OPENAI and not line.startswith(b"data:"):
+            if self.sse and not line.startswith(b"data:"):
                 continue  # SSE comments and event names
             self._last = frame
             if frame.startswith(b"{"):
@@ -117,7 +159,7 @@ class StreamJudge:
             if needs_frames or b'"error"' in (frame if collecting else frame[:16]):
                 self._look(frame)
                 needs_frames = (len(self.head) < HEAD_CHARS and not self._head_decided) or self.recognised is None
-            if self.dialect == OPENAI and not self.final_seen and (frame == b"[DONE]" or b"finish_reason" in frame):
+            if self.sse and not self.final_seen and _may_be_final(self.dialect, frame):
                 self.final_seen = self.final_seen or self.is_final(self.dialect, frame)
 
     def _look(self, frame: bytes) -> None:
@@ -131,7 +173,8 @@ class StreamJudge:
             return
         if self.recognised is None:
             self.recognised = isinstance(obj, dict)
-        if isinstance(obj, dict) and "error" in obj and self.dialect == OPENAI:
+        if isinstance(obj, dict) and ("error" in obj if self.dialect == OPENAI else
+                                      self.sse and obj.get("type") in ("error", "response.failed")):
             self.error_frame = True
         if len(self.head) < HEAD_CHARS and not self._head_decided:
             self.head += _text_of(obj, self.dialect)

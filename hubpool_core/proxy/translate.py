@@ -15,7 +15,11 @@ from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from hubpool_core.engine import NATIVE, OPENAI, error_message
+from hubpool_core.engine import COUNT_TOKENS, MESSAGES, NATIVE, OPENAI, RERANK, RESPONSES, error_message
+from hubpool_core.proxy.translate_chat import ChatStreamReader, ToolCallPiece, read_whole
+from hubpool_core.proxy.translate_messages import MessagesToChat
+from hubpool_core.proxy.translate_messages import error_body as anthropic_error
+from hubpool_core.proxy.translate_responses import ResponsesToChat, openai_error
 
 #: native option -> OpenAI field
 _OPTION_MAP = {
@@ -125,11 +129,26 @@ def translator_for(route: str, dialect: str, body: dict[str, Any], stream: bool,
     """The translator an engine speaking ``engine_dialects`` needs for this request, or None
     when it speaks the request's own dialect."""
     dialects = frozenset(engine_dialects)
-    if dialect in dialects:
-        return None
-    if dialect == NATIVE and OPENAI in dialects:
-        return NativeToOpenAI(route, body, stream)
+    if dialect in dialects or dialect == RERANK:
+        return None  # rerank has no translation: only an engine that reranks is ever asked
+    if OPENAI in dialects:
+        if dialect == NATIVE:
+            return NativeToOpenAI(route, body, stream)
+        if dialect in (MESSAGES, COUNT_TOKENS):
+            return MessagesToChat(route, body, stream)
+        if dialect == RESPONSES:
+            return ResponsesToChat(route, body, stream)
     raise ValueError(f"no translation from {dialect} to {', '.join(sorted(dialects))}")
+
+
+def dialect_error(dialect: str, status: int, raw: bytes) -> bytes:
+    """An engine's error body in an agent dialect's own shape (Anthropic's for Messages and
+    count_tokens, the OpenAI error object for Responses), its message kept."""
+    _body, error = read_whole(max(status, 400), raw)
+    message = error[1] if error else raw.decode("utf-8", "replace")[:2000]
+    if dialect in (MESSAGES, COUNT_TOKENS):
+        return json.dumps(anthropic_error(status, message)).encode()
+    return json.dumps(openai_error(status, message)).encode()
 
 
 def judged_dialect(dialect: str, translator: Translator | None) -> str:
@@ -152,7 +171,7 @@ class NativeToOpenAI:
         self._usage: dict[str, Any] | None = None
         self._finish: str | None = None
         self._tool_calls: dict[int, dict[str, Any]] = {}
-        self._buffer = b""
+        self._reader = ChatStreamReader()
         self._done_sent = False
 
     # -- request -----------------------------------------------------------------
@@ -222,59 +241,31 @@ class NativeToOpenAI:
     # -- streams -----------------------------------------------------------------
     def feed(self, chunk: bytes) -> Iterator[bytes]:
         """Feed raw SSE bytes; yields NDJSON lines (each ending in a newline)."""
-        self._buffer += chunk
-        while b"\n" in self._buffer:
-            line, self._buffer = self._buffer.split(b"\n", 1)
-            line = line.strip()
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
+        for event in self._reader.events(chunk):
+            if event.done:
                 if self._finish is not None and not self._done_sent:
                     yield self._final_line()
-                continue
-            try:
-                obj = json.loads(data)
-            except (ValueError, RecursionError):
-                continue
-            if not isinstance(obj, dict):
-                continue
-            if "error" in obj:
-                yield json.dumps({"error": error_message(obj) or "engine error"}).encode() + b"\n"
-                continue
-            if isinstance(obj.get("usage"), dict):
-                self._usage = obj["usage"]
-            for choice in obj.get("choices") or []:
-                if not isinstance(choice, dict):
-                    continue
-                # the engine's JSON is read, not trusted: a field of the wrong type is skipped,
-                # never an exception that cuts the client's stream
-                delta = d if isinstance(d := choice.get("delta"), dict) else {}
-                text = delta.get("content") if "delta" in choice else choice.get("text")
-                calls = delta.get("tool_calls")
-                for call in calls if isinstance(calls, list) else []:
-                    if isinstance(call, dict):
-                        self._merge_tool_call(call)
-                if isinstance(text, str) and text:
-                    yield json.dumps(self._frame(text, None) | {"done": False}).encode() + b"\n"
-                if choice.get("finish_reason"):
-                    self._finish = choice["finish_reason"]
+            elif event.error is not None:
+                yield json.dumps({"error": event.error}).encode() + b"\n"
+            elif event.usage is not None:
+                self._usage = event.usage
+            elif event.tool is not None:
+                self._merge_tool_call(event.tool)
+            elif event.text is not None:
+                yield json.dumps(self._frame(event.text, None) | {"done": False}).encode() + b"\n"
+            elif event.finish is not None:
+                self._finish = event.finish
 
     def end(self) -> Iterator[bytes]:
         """The upstream stream ended; close the NDJSON stream only if the engine finished."""
         if self._finish is not None and not self._done_sent:
             yield self._final_line()
 
-    def _merge_tool_call(self, call: dict[str, Any]) -> None:
-        index = call.get("index", 0)
-        if not isinstance(index, int) or isinstance(index, bool):
-            index = 0
-        slot = self._tool_calls.setdefault(index, {"function": {"name": None, "arguments": ""}})
-        fn = f if isinstance(f := call.get("function"), dict) else {}
-        if isinstance(fn.get("name"), str) and fn["name"]:
-            slot["function"]["name"] = fn["name"]
-        if isinstance(fn.get("arguments"), str) and fn["arguments"]:
-            slot["function"]["arguments"] += fn["arguments"]
+    def _merge_tool_call(self, piece: ToolCallPiece) -> None:
+        slot = self._tool_calls.setdefault(piece.index, {"function": {"name": None, "arguments": ""}})
+        if piece.name:
+            slot["function"]["name"] = piece.name
+        slot["function"]["arguments"] += piece.arguments
 
     def _final_line(self) -> bytes:
         self._done_sent = True

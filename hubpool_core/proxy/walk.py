@@ -20,6 +20,7 @@ import aiohttp
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from hubpool_core.engine import AGENT_DIALECTS, RESPONSES
 from hubpool_core.models_ids import fold_model_id
 from hubpool_core.proxy.attempt import Failed, send_attempt, transport_code
 from hubpool_core.proxy.failover import exhausted, fails_over, passed_over
@@ -28,7 +29,8 @@ from hubpool_core.proxy.judge import clean, output_fault, read_whole, sample, un
 from hubpool_core.proxy.output_check import COMPLETION_ROUTES, judge_whole
 from hubpool_core.proxy.plan import STREAM_TYPES, RelayPlan
 from hubpool_core.proxy.pump import commit
-from hubpool_core.proxy.translate import judged_dialect
+from hubpool_core.proxy.response_homes import response_id
+from hubpool_core.proxy.translate import dialect_error, judged_dialect
 from hubpool_core.proxy.verdicts import (
     Verdict,
     carry,
@@ -123,6 +125,11 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
             if status == 500 and (cand.is_local or "x-hub-pool-backend" in upstream.headers) \
                     and plan.inbound_from is None:
                 verdict = await read_verdict(node, plan, cand, upstream, hangup)
+                if verdict is not None and plan.dialect in AGENT_DIALECTS:
+                    # an agent reads its own dialect's error shape (the engine may have been asked
+                    # in another, here or on the peer); the engine's words are kept
+                    verdict.body = dialect_error(plan.dialect, 500 if verdict.signature == "chat-template" else 400,
+                                                 verdict.body)
                 if verdict is not None:
                     verdict = carry(pending, verdict)
                     done = settle_verdict(node, plan, verdict, attempt)
@@ -155,6 +162,11 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
             try:
                 judge = await commit(node, plan, hangup, send, upstream, cand, translator, started, held=held,
                                      judged=judged)
+                if plan.dialect == RESPONSES and translator is None and status == 200 and plan.inbound_from is None:
+                    first = held if held is not None else judge.first_bytes if judge is not None else b""
+                    rid = response_id(first, whole=held is not None)
+                    if rid is not None:  # a follow-up naming it can only go on there
+                        node.response_homes.remember(rid, cand)
                 if judged and alone and status == 200 and row["outcome"] == "served":
                     sample(node, plan, cand, attempt_started, held, judge)
             finally:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 import httpx
 
-from hubpool_core.engine import Engine, EngineConfig, ProbeResult
+from hubpool_core.engine import AGENT_DIALECTS, Engine, EngineConfig, ProbeResult
 from hubpool_core.models_ids import same_model
 
 log = logging.getLogger("hubpool.engines")
@@ -29,6 +29,9 @@ PLACEMENT_BUDGET_MS = 500
 #: a read that waits a cold probe out (its own timeout, and a little for the answer to land)
 WHOLE_PROBE_MS = int(PROBE_TIMEOUT_S * 1000) + 500
 LOCAL_LISTING_DEADLINE_MS = 2_500
+#: how long an engine's agent dialects (Engine.agent_dialects) are trusted before they are
+#: asked again, behind the probe; an engine seen down is asked afresh when it is back
+DIALECTS_REFRESH_S = 300.0
 
 
 @dataclass
@@ -52,6 +55,12 @@ class LocalBackend:
     def lists(self, model: str) -> bool:
         return any(same_model(m.id, model) for m in self.snapshot.result.models)
 
+    @property
+    def dialects(self) -> frozenset[str]:
+        """Every dialect this engine answers natively now: its class's, and the agent
+        dialects its last probe found (none when unknown)."""
+        return self.engine.dialects | (self.snapshot.result.dialects or frozenset())
+
 
 def build_engines(classes: Sequence[type[Engine]], environ: Mapping[str, str]) -> list[Engine]:
     """One instance per registered engine class, at its environment URL or default.
@@ -70,6 +79,9 @@ class LocalEngines:
         self.engines = list(engines)
         self._snapshots: dict[int, Snapshot] = {}
         self._inflight: dict[int, asyncio.Task] = {}
+        #: index -> (agent dialects found, when): asked once per incarnation, refreshed behind
+        self._dialects: dict[int, tuple[frozenset[str], float]] = {}
+        self._dialect_refresh: dict[int, asyncio.Task] = {}
         self._http: httpx.AsyncClient | None = None
         #: poolEngineQueueDepth as of the last read: probes then also ask each healthy
         #: engine for its own queue depth (off by default, so nothing extra is requested)
@@ -82,13 +94,16 @@ class LocalEngines:
         return self._http
 
     async def close(self) -> None:
-        for task in self._inflight.values():
+        for task in [*self._inflight.values(), *self._dialect_refresh.values()]:
             task.cancel()
         if self._http is not None:
             await self._http.aclose()
 
     async def _probe(self, index: int) -> Snapshot:
         engine = self.engines[index]
+        # the first time, the agent dialects are asked beside the probe, not after it: a cold
+        # read waits for both within placement's budget
+        asking = asyncio.ensure_future(self._ask_dialects(index)) if index not in self._dialects else None
         try:
             result = await engine.probe(self.http)
         except Exception as exc:  # noqa: BLE001 - a plugin bug must read as an unhealthy engine
@@ -102,9 +117,41 @@ class LocalEngines:
                 depth = None
             if isinstance(depth, int) and not isinstance(depth, bool) and depth >= 0:
                 result = replace(result, queue_depth=depth)
+        if result.healthy:
+            found = await asking if asking is not None else self._known_dialects(index)
+            if found is not None:
+                result = replace(result, dialects=found)
+        else:
+            if asking is not None:
+                asking.cancel()
+            self._dialects.pop(index, None)  # when it is back it may be another build
         snap = Snapshot(result, time.monotonic())
         self._snapshots[index] = snap
         return snap
+
+    def _known_dialects(self, index: int) -> frozenset[str] | None:
+        """The engine's agent dialects from the cache, refreshed behind the probe once old."""
+        cached = self._dialects.get(index)
+        if cached is None:
+            return None
+        if time.monotonic() - cached[1] > DIALECTS_REFRESH_S:
+            task = self._dialect_refresh.get(index)
+            if task is None or task.done():
+                self._dialect_refresh[index] = asyncio.ensure_future(self._ask_dialects(index))
+        return cached[0]
+
+    async def _ask_dialects(self, index: int) -> frozenset[str] | None:
+        engine = self.engines[index]
+        try:
+            found = await engine.agent_dialects(self.http)
+        except Exception as exc:  # noqa: BLE001 - a plugin bug means "not known", not a sick engine
+            log.warning("engine %s agent_dialects raised %s: %s", engine.kind, type(exc).__name__, exc)
+            found = None
+        if found is None:
+            return None  # asked again at the next probe
+        found = frozenset(d for d in found if d in AGENT_DIALECTS)
+        self._dialects[index] = (found, time.monotonic())
+        return found
 
     def _probe_task(self, index: int) -> asyncio.Task:
         task = self._inflight.get(index)

@@ -36,7 +36,8 @@ PLUGIN_NAME = "metrics"
 
 #: the routes a routing-log row can name (api/inference.py ROUTED); anything else is "other"
 ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings",
-                    "/api/chat", "/api/generate", "/api/embed", "/api/embeddings"})
+                    "/api/chat", "/api/generate", "/api/embed", "/api/embeddings",
+                    "/v1/messages", "/v1/messages/count_tokens", "/v1/responses", "/v1/rerank"})
 DIRECTIONS = frozenset({"outbound", "inbound"})
 OUTCOMES = frozenset({"served", "failed"})
 REASON_KINDS = ("http_5xx", "http_4xx", "deadline", "transport", "output_fault", "verdict", "other")

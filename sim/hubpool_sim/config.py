@@ -43,6 +43,8 @@ class SimModel:
     parameter_size: str | None = None
     embedding: bool = False
     quantization: str = "Q4_K_M"
+    #: a cross-encoder: it reranks (``/v1/rerank``), and neither chats nor embeds
+    reranker: bool = False
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -93,7 +95,7 @@ def parse_model_spec(spec: str) -> SimModel:
     head, _, tail = spec.rpartition(":")
     if head and tail.isdigit():
         model_id, window = head, int(tail)
-    kwargs: dict[str, Any] = {"embedding": "embed" in model_id.lower()}
+    kwargs: dict[str, Any] = {"embedding": "embed" in model_id.lower(), "reranker": "rerank" in model_id.lower()}
     if window is not None:
         kwargs["window"] = window
     return SimModel(model_id, **kwargs)
@@ -140,6 +142,9 @@ class SimConfig:
     preloaded: list[str] = field(default_factory=list)
     keep_alive_s: float = 300.0
     version: str = "0.12.6"
+    #: serve the agent dialects where the flavor does (hubpool_sim/agent.py); False is a
+    #: build from before any of them
+    agent_routes: bool = True
 
     def __post_init__(self) -> None:
         if self.flavor not in FLAVOR_NAMES:

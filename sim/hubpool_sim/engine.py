@@ -219,6 +219,8 @@ class Engine:
         self.resident: dict[str, Residency] = {}
         self.last_model: str | None = None
         self.tasks: set[asyncio.Task[Any]] = set()  # handlers running, so stop() can end hung ones
+        #: stored Responses-API answers by id (the vllm flavor keeps them: previous_response_id)
+        self.responses: dict[str, dict[str, Any]] = {}
         self.stopping = False
         for model_id in config.preloaded:
             model = config.find_model(model_id)

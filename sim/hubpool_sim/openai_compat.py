@@ -29,6 +29,7 @@ from hubpool_sim.replies import (
     unknown_model,
 )
 from hubpool_sim.text import count_or_none, count_tokens, embedding, embedding_inputs, messages_prompt, plain_prompt
+from hubpool_sim.tools import ToolCall, chat_ends_in_tool_result, planned_calls
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -66,13 +67,23 @@ async def _complete(request: web.Request, *, chat: bool) -> web.StreamResponse:
         "created": int(time.time()),
         "model": model.id,
     }
+    calls = planned_calls(body.get("tools"), chat_ends_in_tool_result(body.get("messages"))) \
+        if chat and gen.kind != "unused" else []
     async with engine.serving(gen):
         if body.get("stream") is True:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            if calls:
+                return await _stream_calls(request, engine, gen, ids, calls, include_usage=include_usage)
             return await _stream(request, engine, gen, ids, chat=chat, include_usage=include_usage)
         text = "".join([token async for token in engine.decode(gen)])
     answer = {**ids, "object": "chat.completion" if chat else "text_completion"}
     answer["choices"] = [_choice(chat, text, gen.finish_reason, delta=False)]
+    if calls:
+        finish = "tool_calls" if gen.finish_reason else None
+        answer["choices"] = [{"index": 0, "logprobs": None, "finish_reason": finish, "message": {
+            "role": "assistant", "content": None,
+            "tool_calls": [{"id": f"call_{c.call_id}", "type": "function",
+                            "function": {"name": c.name, "arguments": c.json}} for c in calls]}}]
     answer["usage"] = _usage(engine, gen)
     if engine.flavor.name == "llamacpp" and engine.config.timings:
         answer["timings"] = _timings(gen)
@@ -99,6 +110,39 @@ async def _stream(
     if engine.flavor.name == "llamacpp" and engine.config.timings:
         final["timings"] = _timings(gen)
     await response.write(sse(final))
+    if include_usage:
+        await response.write(sse({**ids, "choices": [], "usage": _usage(engine, gen)}))
+    await response.write(sse("[DONE]"))
+    await response.write_eof()
+    return response
+
+
+async def _stream_calls(request: web.Request, engine: Engine, gen: Generation, ids: dict[str, Any],
+                        calls: list[ToolCall], *, include_usage: bool) -> web.StreamResponse:
+    """Tool calls streamed as engines stream them: a call's id and name first, then its
+    arguments in pieces, then a final chunk with finish_reason "tool_calls"."""
+    response = await open_stream(request, "text/event-stream")
+    _ = [token async for token in engine.decode(gen)]  # the generation's time, paid as usual
+    chunks = []
+    for index, call in enumerate(calls):
+        chunks.append({"index": index, "id": f"call_{call.call_id}", "type": "function",
+                       "function": {"name": call.name, "arguments": ""}})
+        chunks += [{"index": index, "function": {"arguments": piece}} for piece in call.pieces()]
+    if gen.kind in ("cut", "drop"):
+        chunks = chunks[: max(1, len(chunks) // 2)]
+    for i, chunk in enumerate(chunks):
+        delta: dict[str, Any] = {"tool_calls": [chunk]}
+        if i == 0:
+            delta = {"role": "assistant", "content": None, **delta}
+        await response.write(sse({**ids, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                                      "finish_reason": None}]}))
+    if gen.kind == "cut":
+        await response.write_eof()
+        return response
+    if gen.kind == "drop":
+        await drop_connection(request)
+    await response.write(sse({**ids, "choices": [{"index": 0, "delta": {}, "logprobs": None,
+                                                  "finish_reason": "tool_calls"}]}))
     if include_usage:
         await response.write(sse({**ids, "choices": [], "usage": _usage(engine, gen)}))
     await response.write(sse("[DONE]"))

@@ -20,7 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
-from hubpool_sim import control, native, openai_compat, probes
+from hubpool_sim import agent, control, native, openai_compat, probes
 from hubpool_sim.config import SimConfig
 from hubpool_sim.engine import Engine
 from hubpool_sim.faults import Fault, coerce_fault, fault_error
@@ -33,8 +33,10 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _MAX_BODY = 64 * 1024 * 1024  # agent turns run to hundreds of KB; never refuse one for size
 
 
-def _routes(flavor: Flavor) -> tuple[list[tuple[str, str, Handler]], set[str], set[str], set[str]]:
-    """The flavor's routes, and which paths generate, embed, or answer without the API key."""
+def _routes(flavor: Flavor, engine_config: SimConfig) -> tuple[list[tuple[str, str, Handler]], set[str], set[str],
+                                                                set[str]]:
+    """The flavor's routes, and which paths generate, embed (or rerank), or answer without
+    the API key."""
     app_routes: list[tuple[str, str, Handler]] = []
     prefix = flavor.openai_prefix
     generation = {f"{prefix}/chat/completions", f"{prefix}/completions"}
@@ -59,6 +61,18 @@ def _routes(flavor: Flavor) -> tuple[list[tuple[str, str, Handler]], set[str], s
             ("POST", "/api/embed", native.embed),
             ("POST", "/api/embeddings", native.embeddings),
         ]
+    served = agent.agent_routes(engine_config)
+    agent_handlers: list[tuple[str, str, Handler]] = [
+        ("POST", agent.MESSAGES, agent.messages), ("POST", agent.COUNT_TOKENS, agent.count_message_tokens),
+        ("POST", agent.RESPONSES, agent.responses), ("GET", agent.RESPONSES + "/{response_id}", agent.get_response),
+        ("POST", agent.RERANK, agent.rerank),
+    ]
+    for method, path, handler in agent_handlers:
+        base = path.split("/{")[0]
+        if base in served and (method == "POST" or engine_config.flavor == "vllm"):
+            app_routes.append((method, path, handler))
+    generation |= served & {agent.MESSAGES, agent.RESPONSES}
+    embedding |= served & {agent.RERANK}
     extra: dict[str, list[tuple[str, Handler]]] = {
         "vllm": [("/health", probes.vllm_health), ("/metrics", probes.vllm_metrics)],
         "llamacpp": [("/health", probes.llamacpp_health), ("/props", probes.llamacpp_props),
@@ -73,7 +87,7 @@ def _routes(flavor: Flavor) -> tuple[list[tuple[str, str, Handler]], set[str], s
 
 
 def build_app(engine: Engine) -> web.Application:
-    routes, generation, embedding, open_paths = _routes(engine.flavor)
+    routes, generation, embedding, open_paths = _routes(engine.flavor, engine.config)
     inference = generation | embedding
 
     @web.middleware
@@ -119,7 +133,10 @@ def build_app(engine: Engine) -> web.Application:
         key = engine.config.api_key
         if key and not open_path and request.headers.get("Authorization") != f"Bearer {key}":
             return error_reply(request, 401, engine.flavor.unauthorized)
-        fault = engine.faults.take(request.path, model, inference=inference, generation=generation)
+        # a body naming no model on an inference route is a route probe, never served: no fault
+        probe = inference and model is None
+        fault = None if probe else engine.faults.take(request.path, model, inference=inference,
+                                                      generation=generation)
         if fault is None:
             return await handler(request)
         engine.stats.faults_served += 1
@@ -151,7 +168,8 @@ def _note_arrival(engine: Engine, request: web.Request, model: str | None, body_
     stats.by_path[request.path] += 1
     if model:
         stats.by_model[model] += 1
-    headers: dict[str, Any] = {k.lower(): v for k, v in request.headers.items() if k.lower().startswith("x-hub-pool-")}
+    headers: dict[str, Any] = {k.lower(): v for k, v in request.headers.items()
+                               if k.lower().startswith(("x-hub-pool-", "anthropic-"))}
     headers["authorization"] = "Authorization" in request.headers
     stats.last_request = {"path": request.path, "model": model, "headers": headers, "body_bytes": body_bytes}
 

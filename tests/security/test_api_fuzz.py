@@ -48,7 +48,8 @@ def guard_of(path: str) -> str | None:
         return None
     if path.startswith(PEER_ROUTES):
         return "peer"
-    if path.startswith(OPERATOR_PREFIXES) and not path.startswith((P + "/v1/", P + "/api/")):
+    # app-facing under the prefix: both dialects' routes, and rerank's bare spelling (/rerank)
+    if path.startswith(OPERATOR_PREFIXES) and not path.startswith((P + "/v1/", P + "/api/")) and path != P + "/rerank":
         return "operator"
     return None  # app-facing: a loopback caller is inside and needs no key
 

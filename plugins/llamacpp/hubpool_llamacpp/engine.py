@@ -33,6 +33,7 @@ class LlamacppEngine(Engine):
     default_url = "http://127.0.0.1:8080"
     dialects = frozenset({OPENAI})
     states_slots = True
+    agent_dialects_by = "probe"
     owned_by_names = frozenset({"llamacpp"})
 
     #: Error texts that are a verdict on the request (spec: "A request no node can serve").
@@ -124,6 +125,12 @@ class LlamacppEngine(Engine):
             decode_ms=_ms(native.get("predicted_ms")),
         )
         return None if timings == Timings() else timings
+
+    async def agent_dialects(self, http: httpx.AsyncClient) -> frozenset[str] | None:
+        """By probe: llama-server names no usable version (a build from a source archive
+        reports ``b1``), and whether it reranks depends on ``--reranking``, which nothing but
+        ``/v1/rerank`` itself tells (501 without it). See :meth:`probe_agent_routes`."""
+        return await self.probe_agent_routes(http)
 
     async def queue_depth(self, http: httpx.AsyncClient) -> int | None:
         """Requests llama-server is running plus the ones deferred for want of a free slot,

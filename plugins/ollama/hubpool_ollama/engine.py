@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
 import httpx
 
 from hubpool_core import (
+    MESSAGES,
     NATIVE,
     OPENAI,
+    RESPONSES,
     Engine,
     ModelInfo,
     ProbeResult,
@@ -18,6 +21,10 @@ from hubpool_core import (
 )
 
 _NATIVE_TIMING_KEYS = ("prompt_eval_count", "prompt_eval_duration", "eval_count", "eval_duration")
+#: The first Ollama release serving each agent dialect (its docs: Responses in 0.13.3,
+#: stateless; Anthropic Messages in 0.14.0, without /v1/messages/count_tokens; no rerank).
+_AGENT_SINCE = ((RESPONSES, (0, 13, 3)), (MESSAGES, (0, 14, 0)))
+_VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
 
 
 class OllamaEngine(Engine):
@@ -33,6 +40,7 @@ class OllamaEngine(Engine):
     states_slots = True
     has_residency = True
     # Ollama's /v1/models names library models' owner "library"
+    agent_dialects_by = "version"
     owned_by_names = frozenset({"library", "ollama"})
 
     #: Error texts that are a verdict on the request (spec: "A request no node can serve").
@@ -71,6 +79,18 @@ class OllamaEngine(Engine):
             return ProbeResult(running=True, healthy=True, models=models)
         except Exception as exc:  # noqa: BLE001 - the contract: a probe never raises, whatever came back
             return self.probe_failure(exc)
+
+    async def agent_dialects(self, http: httpx.AsyncClient) -> frozenset[str] | None:
+        """By the version ``/api/version`` reports: Responses from 0.13.3, Messages from
+        0.14.0; never ``/v1/messages/count_tokens`` or rerank. ``None`` when the version
+        cannot be read or parsed (a build that names no number)."""
+        answer = await self.get_json(http, "/api/version")
+        version = answer.body.get("version") if answer.ok and isinstance(answer.body, Mapping) else None
+        match = _VERSION.match(version) if isinstance(version, str) else None
+        if match is None:
+            return None
+        have = tuple(int(part or 0) for part in match.groups())
+        return frozenset(dialect for dialect, since in _AGENT_SINCE if have >= since)
 
     async def residency(self, http: httpx.AsyncClient) -> list[ResidentModel] | None:
         """Models ``/api/ps`` shows loaded, at the ``context_length`` each was loaded with;

@@ -52,13 +52,31 @@ def ttl_ms_from(environ: Mapping[str, str]) -> int:
     return max(MIN_TTL_MS, value or DEFAULT_TTL_MS)
 
 
-def prompt_head(route_class: str, body: Mapping[str, Any]) -> Any | None:
+def prompt_head(route_class: str, body: Mapping[str, Any], route: str | None = None) -> Any | None:
     """The part of a body that names its session, or ``None`` when there is none.
 
     A chat body: the leading system message(s) and the first message after them, whole.
-    A completion or generate body: its ``system`` and ``prompt`` fields, whole (it has no
-    turn structure to stop at).
+    A Messages body (``/v1/messages``): its ``system`` and first turn; a Responses body
+    (``/v1/responses``): its ``instructions``, leading system/developer items and the first
+    item after them. ``cache_control`` marks are left out: an agent moves them from turn to
+    turn, and they say nothing about the prompt. A completion or generate body: its
+    ``system`` and ``prompt`` fields, whole (it has no turn structure to stop at).
     """
+    if route == "/v1/messages":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return None
+        return _without_cache_marks({"system": body.get("system"), "first": messages[:1]})
+    if route == "/v1/responses":
+        items = body.get("input")
+        if isinstance(items, list):
+            cut = 0
+            while cut < len(items) and _is_system(items[cut]):
+                cut += 1
+            items = items[:cut + 1]
+        if not items and not body.get("instructions"):
+            return None
+        return {"instructions": body.get("instructions"), "first": items}
     if route_class == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -73,12 +91,21 @@ def prompt_head(route_class: str, body: Mapping[str, Any]) -> Any | None:
     return {"system": system, "prompt": prompt}
 
 
+def _without_cache_marks(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_cache_marks(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [_without_cache_marks(v) for v in value]
+    return value
+
+
 def _is_system(message: Any) -> bool:
     return isinstance(message, Mapping) and message.get("role") in SYSTEM_ROLES
 
 
 def session_key(context: Any) -> tuple[str, str] | None:
-    """``(kind, key)`` for a request: kind ``header`` when the app named its session,
+    """``(kind, key)`` for a request: kind ``header`` when the app named its session (the
+    X-Hub-Pool-Session header, or another configured source: ``context.session_source``),
     ``hashed`` when the key is the digest of the prompt head; ``None`` when there is
     neither (no header and a body with no head). The key is a hex SHA-256 and always
     includes the model, since a cache is per loaded model. Never logged.
@@ -94,7 +121,7 @@ def session_key(context: Any) -> tuple[str, str] | None:
         kind = "header"
         digest.update(b"header\0" + model + b"\0" + context.session_header.encode("utf-8", "replace"))
     else:
-        head = prompt_head(context.route_class, context.body)
+        head = prompt_head(context.route_class, context.body, getattr(context, "route", None))
         if head is None:
             context.scratch[SCRATCH_SESSION] = ()
             return None
@@ -151,7 +178,7 @@ class PrefixAffinityStage(Stage):
     """Moves the node and engine that last took a session to the front while their queue
     is short enough that waiting beats a cold prefill.
 
-    Section ``affinity``: ``{key, outcome, qualified, remembered, inFlight,
+    Section ``affinity``: ``{key, keySource, outcome, qualified, remembered, inFlight,
     leastLoadedInFlight, maxInFlight, affinityMargin}``; ``outcome`` is settled when the walk
     places its first candidate (:meth:`placed`), so a later stage that put another node
     first reads ``skipped``. Sets ``X-Hub-Pool-Affinity`` in ``context.response_headers``.
@@ -180,7 +207,9 @@ class PrefixAffinityStage(Stage):
         context.scratch[SCRATCH_KEY] = key
         limit, margin = _limit(context), _margin(context)
         remembered = self.table.get(key)
-        section: dict[str, Any] = {"key": kind, "outcome": "miss", "qualified": False,
+        source = (getattr(context, "session_source", None) or "X-Hub-Pool-Session") if kind == "header" \
+            else "prompt digest"
+        section: dict[str, Any] = {"key": kind, "keySource": source, "outcome": "miss", "qualified": False,
                                    "remembered": remembered[0] if remembered else None, "inFlight": None,
                                    "leastLoadedInFlight": None, "maxInFlight": limit, "affinityMargin": margin}
         out = list(ranking)

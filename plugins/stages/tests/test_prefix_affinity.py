@@ -60,7 +60,8 @@ def test_first_call_misses_and_the_next_follows_to_the_peer_it_went_to(build):
     second = build.context(cfg=cfg, session="chat-1")
     out, section = place(stage, second, ranking)
     assert build.nodes(out) == [("b.ts.net", "ollama"), ("local", "ollama")]
-    assert section == {"key": "header", "outcome": "hit", "qualified": True, "remembered": "b.ts.net",
+    assert section == {"key": "header", "keySource": "X-Hub-Pool-Session", "outcome": "hit", "qualified": True,
+                       "remembered": "b.ts.net",
                        "inFlight": 0, "leastLoadedInFlight": 0, "maxInFlight": 2, "affinityMargin": 0}
     assert second.response_headers[HEADER] == "hit"
 
@@ -211,6 +212,29 @@ def test_the_head_is_every_leading_system_message_and_the_first_after_them():
     assert prompt_head("completion", {"prompt": "p", "system": "s"}) == {"system": "s", "prompt": "p"}
     assert prompt_head("completion", {"prompt": ""}) is None
     assert prompt_head("chat", {"messages": "nope"}) is None
+
+
+def test_an_agent_dialects_head_is_its_system_and_first_turn_without_cache_marks():
+    """Messages: system + first turn; Responses: instructions + leading system items + the
+    first after them. Claude Code moves cache_control to the newest turn on every call: the
+    head, and so the session's digest, must not move with it."""
+    system = [{"type": "text", "text": "You are an agent.", "cache_control": {"type": "ephemeral"}}]
+    first = {"role": "user", "content": [{"type": "text", "text": "fix it", "cache_control": {"type": "ephemeral"}}]}
+    turn1 = {"system": system, "messages": [first]}
+    unmarked = {"role": "user", "content": [{"type": "text", "text": "fix it"}]}
+    turn2 = {"system": system, "messages": [unmarked, {"role": "assistant", "content": "ok"},
+                                            {"role": "user", "content": "more"}]}
+    head = prompt_head("chat", turn1, "/v1/messages")
+    assert head == prompt_head("chat", turn2, "/v1/messages")
+    assert head == {"system": [{"type": "text", "text": "You are an agent."}], "first": [unmarked]}
+    other = {"system": system, "messages": [{"role": "user", "content": "another task"}]}
+    assert prompt_head("chat", other, "/v1/messages") != head
+    items = [{"role": "developer", "content": "rules"}, {"role": "user", "content": "task"},
+             {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}]
+    assert prompt_head("chat", {"instructions": "be brief", "input": items}, "/v1/responses") == \
+        {"instructions": "be brief", "first": items[:2]}
+    assert prompt_head("chat", {"input": "just text"}, "/v1/responses") == {"instructions": None, "first": "just text"}
+    assert prompt_head("chat", {"messages": []}, "/v1/messages") is None
 
 
 def test_completion_and_generate_digest_prompt_and_system_whole(build):

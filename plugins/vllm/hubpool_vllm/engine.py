@@ -22,6 +22,7 @@ class VllmEngine(Engine):
     dialects = frozenset({OPENAI})
     # spec: "Two engines on port 8000" -- vLLM and oMLX share the default port, and
     # vLLM's listing says owned_by "vllm".
+    agent_dialects_by = "probe"
     owned_by_names = frozenset({"vllm"})
     #: Each ``/v1/models`` entry states the window the model runs at.
     listing_window_field = "max_model_len"
@@ -49,6 +50,12 @@ class VllmEngine(Engine):
     async def probe(self, http: httpx.AsyncClient) -> ProbeResult:
         """Read ``/v1/models``; a server whose models another engine owns is unhealthy."""
         return await self.probe_openai_listing(http)
+
+    async def agent_dialects(self, http: httpx.AsyncClient) -> frozenset[str] | None:
+        """By probe: vLLM registers each route only for the tasks its model supports (a
+        generative model has no ``/v1/rerank``, a cross-encoder no ``/v1/messages``), so
+        a missing route answers 404. See :meth:`probe_agent_routes`."""
+        return await self.probe_agent_routes(http)
 
     async def queue_depth(self, http: httpx.AsyncClient) -> int | None:
         """Requests vLLM is running plus the ones waiting in its scheduler, from
