@@ -290,10 +290,12 @@ BENCH_SETTINGS = {"poolProbeSnapshotTtlMs": 10_000}
 
 
 def start_nodes(started: Started, specs: dict[str, dict[str, str]], engine_vars: list[str],
-                routing_log_size: int = 10_000, settings: dict[str, Any] | None = None) -> dict[str, BenchNode]:
+                routing_log_size: int = 10_000, settings: dict[str, Any] | None = None,
+                node_settings: dict[str, dict[str, Any]] | None = None) -> dict[str, BenchNode]:
     """`hubpool serve` processes named by ``specs`` (name -> extra environment), every engine
     variable in ``engine_vars`` pointed at a closed port unless the spec names it, each
-    starting with ``settings`` (default :data:`BENCH_SETTINGS`)."""
+    starting with ``settings`` (default :data:`BENCH_SETTINGS`), or with its own from
+    ``node_settings`` (name -> settings) when that names it."""
     names = list(specs)
     ports = {name: free_port() for name in names}
     peer_urls = json.dumps({fqdn(n): f"http://127.0.0.1:{p}" for n, p in ports.items()})
@@ -301,7 +303,9 @@ def start_nodes(started: Started, specs: dict[str, dict[str, str]], engine_vars:
     for name in names:
         data_dir = started.workdir / name
         data_dir.mkdir(exist_ok=True)
-        (data_dir / "settings.json").write_text(json.dumps(BENCH_SETTINGS if settings is None else settings))
+        own = (node_settings or {}).get(name)
+        chosen = own if own is not None else BENCH_SETTINGS if settings is None else settings
+        (data_dir / "settings.json").write_text(json.dumps(chosen))
         status_file = started.workdir / f"{name}-tailscale.json"
         status_file.write_text(json.dumps(tailnet_status(name, names)))
         env = {var: f"http://127.0.0.1:{free_port()}" for var in engine_vars}

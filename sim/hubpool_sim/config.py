@@ -146,6 +146,9 @@ class SimConfig:
     keep_alive_s: float = 300.0
     version: str = "0.12.6"
     time_scale: float = 1.0
+    #: when set, every answer carries ``X-Sim-Name: <name>`` (which node served it, for a
+    #: benchmark whose dispatcher does not say)
+    name: str | None = None
 
     def __post_init__(self) -> None:
         if self.flavor not in FLAVOR_NAMES:

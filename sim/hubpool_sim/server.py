@@ -139,6 +139,13 @@ def build_app(engine: Engine) -> web.Application:
 
     app = web.Application(middlewares=[front_door], client_max_size=_MAX_BODY)
     app[ENGINE] = engine
+    if engine.config.name:
+        name = engine.config.name
+
+        async def stamp(request: web.Request, response: web.StreamResponse) -> None:
+            response.headers["X-Sim-Name"] = name
+
+        app.on_response_prepare.append(stamp)
     for method, path, handler in routes:
         app.router.add_route(method, path, handler)
     control.add_routes(app)
