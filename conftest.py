@@ -25,6 +25,7 @@ SLOW = (
     "tests/test_affinity_contention.py",  # 9 s
     "tests/test_bad_input.py",  # 14 s
     "tests/test_bench_capacity.py",  # 42 s
+    "tests/test_bench_pool.py",  # 100 s: eight hubpool nodes, nginx and the oracle on two simulated boxes
     "tests/test_chaos.py",  # 66 s
     "tests/test_cli.py",  # 59 s
     "tests/test_cli_pool.py",  # 150 s

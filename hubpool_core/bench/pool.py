@@ -245,8 +245,9 @@ class Pool:
                                      name=node.name, port=procs.free_port())
                 url, _ = start_sim(started, config, f"sim-{model}-{node.name}")
                 self.sims[model].append(url)
-        for variant in [v for v in HUBPOOL_VARIANTS if v in wanted]:
-            self._start_hubpool(variant, slotted_var, resident_var, all_vars)
+        variants = [v for v in HUBPOOL_VARIANTS if v in wanted]
+        if variants:
+            self._start_hubpool(variants, slotted_var, resident_var, all_vars)
         front = [n for n in wanted if n in NGINX_POLICIES]
         if front:
             binary = procs.nginx_path()
@@ -275,36 +276,46 @@ class Pool:
             procs.wait_http(url + "/v1/models", proc, 30, "the oracle", "\n" + started.log_tail("oracle"))
             self.dispatchers["oracle"] = Dispatcher("oracle", {"chat": [url], "cold": [url]}, [proc.pid])
 
-    def _start_hubpool(self, variant: str, slotted_var: str, resident_var: str, all_vars: list[str]) -> None:
-        self.progress(f"starting {variant}: one node per box, paired")
+    def _start_hubpool(self, variants: list[str], slotted_var: str, resident_var: str, all_vars: list[str]) -> None:
+        """Every variant's nodes, started together; then each variant's nodes paired with one
+        another, the variants side by side."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.progress(f"starting {', '.join(variants)}: one node per box each")
         prefix = {"hubpool-default": "d", "hubpool-documented": "doc", "hubpool-base": "b", "hubpool-queue": "q"}
         env = {"HUB_POOL_DEV_HEALTH_POLL_SECONDS": str(max(1, round(POLL_S * self.scale))),
                "HUB_POOL_PREFIX_AFFINITY_TTL_MS": str(max(1000, int(AFFINITY_TTL_MS * self.scale)))}
-        if variant == "hubpool-base":
-            env.update({"HUB_POOL_PLUGINS_DISABLED": "stages", "HUB_POOL_THROUGHPUT_PLACEMENT": "off",
-                        "HUB_POOL_CONTENTION_PLACEMENT": "off"})
-        specs, settings = {}, {}
-        for i, node in enumerate(self.nodes):
-            name = f"{prefix[variant]}-{node.name}"
-            specs[name] = {**env, slotted_var: self.sims["chat"][i], resident_var: self.sims["cold"][i]}
-            if variant == "hubpool-documented":
-                settings[name] = {**DOCUMENTED, "ollamaSlots": node.slots}
-            elif variant == "hubpool-queue":
-                settings[name] = {**QUEUED, "ollamaSlots": node.slots}
-            else:
-                settings[name] = {}
+        specs: dict[str, dict[str, str]] = {}
+        settings: dict[str, dict[str, Any]] = {}
+        members: dict[str, list[str]] = {}
+        for variant in variants:
+            extra = {"HUB_POOL_PLUGINS_DISABLED": "stages", "HUB_POOL_THROUGHPUT_PLACEMENT": "off",
+                     "HUB_POOL_CONTENTION_PLACEMENT": "off"} if variant == "hubpool-base" else {}
+            for i, node in enumerate(self.nodes):
+                name = f"{prefix[variant]}-{node.name}"
+                members.setdefault(variant, []).append(name)
+                specs[name] = {**env, **extra, slotted_var: self.sims["chat"][i], resident_var: self.sims["cold"][i]}
+                stated = {"ollamaSlots": node.slots}
+                settings[name] = {"hubpool-documented": {**DOCUMENTED, **stated},
+                                  "hubpool-queue": {**QUEUED, **stated}}.get(variant, {})
         nodes = procs.start_nodes(self.started, specs, all_vars, routing_log_size=2000, node_settings=settings)
-        names = list(nodes)
-        for i, a in enumerate(names):
-            for b in names[i + 1:]:
-                procs.pair(nodes[a], nodes[b])
-        for a in names:
-            for b in names:
-                if a != b:
-                    procs.wait_offered(nodes[a], nodes[b], CHAT_MODEL, 90)
-        urls = [nodes[n].url for n in names]
-        self.dispatchers[variant] = Dispatcher(variant, {"chat": urls, "cold": urls},
-                                               [nodes[n].proc.pid for n in names])
+        self.progress("pairing each variant's nodes")
+
+        def mesh(names: list[str]) -> None:
+            for i, a in enumerate(names):
+                for b in names[i + 1:]:
+                    procs.pair(nodes[a], nodes[b])
+            for a in names:
+                for b in names:
+                    if a != b:
+                        procs.wait_offered(nodes[a], nodes[b], CHAT_MODEL, 90)
+
+        with ThreadPoolExecutor(max_workers=len(variants)) as pool:
+            list(pool.map(mesh, members.values()))
+        for variant, names in members.items():
+            urls = [nodes[n].url for n in names]
+            self.dispatchers[variant] = Dispatcher(variant, {"chat": urls, "cold": urls},
+                                                   [nodes[n].proc.pid for n in names])
 
     def _start_nginx(self, binary: str, policies: list[str]) -> None:
         self.progress("starting nginx")
@@ -529,15 +540,17 @@ class PoolReport:
 def run_bench(*, traces: tuple[str, ...] = BUILT_IN, trace_files: tuple[Path, ...] = (),
               dispatchers: tuple[str, ...] = ALL_DISPATCHERS, pool_name: str = "unequal", rounds: int = 2,
               scale: float = 0.1, size: float = 1.0, seed: int = 1, overhead_n: int = 30, warmup: bool = True,
-              progress: Callable[[str], None] = lambda _m: None, workdir: Path | None = None) -> PoolReport:
+              progress: Callable[[str], None] = lambda _m: None, workdir: Path | None = None,
+              nodes: tuple[NodeSpec, ...] | None = None) -> PoolReport:
     """Start the pool, replay every trace through every dispatcher in interleaved rounds,
-    stop what was started, and judge the issue's targets."""
+    stop what was started, and judge the issue's targets. ``nodes`` replaces the named
+    pool's boxes (the bench's own tests use two)."""
     import importlib.util
 
     if importlib.util.find_spec("hubpool_sim") is None:
         raise RuntimeError("hubpool bench pool needs the engine simulator, hubpool-sim (a dev dependency: "
                            "`uv sync` installs it)")
-    nodes = POOLS[pool_name]
+    nodes = nodes or POOLS[pool_name]
     tmp = None
     if workdir is None:
         tmp = tempfile.TemporaryDirectory(prefix="hubpool-bench-pool-")
