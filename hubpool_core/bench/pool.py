@@ -401,7 +401,7 @@ def run_trace(pool: Pool, replayer: Replayer, dispatcher: Dispatcher, trace: Tra
     result = replayer.run({"trace": trace.to_json(), "urls": dispatcher.urls, "models": MODELS,
                            "scale": pool.scale, "deadlineS": deadline})
     cached1, prompt1 = pool.tokens()
-    load = {}
+    load: dict[str, int] = {}
     for r in result["requests"]:
         load[r.get("sim") or "?"] = load.get(r.get("sim") or "?", 0) + 1
     return RunResult(trace.name, dispatcher.name, rnd, result["requests"], max(trace.span_s, 1.0),
@@ -648,10 +648,10 @@ def _times(a: float | None, b: float | None) -> str:
 def plot(report: PoolReport, path: Path) -> str:
     """A PNG of TTFT p50/p95/p99 per dispatcher per trace; what was written, or why not."""
     try:
-        import matplotlib
+        import matplotlib  # type: ignore[import-not-found]
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # type: ignore[import-not-found]
     except ImportError:
         return ("matplotlib is not installed, so no plot was drawn (uv run --with matplotlib hubpool bench pool "
                 "--plot FILE)")

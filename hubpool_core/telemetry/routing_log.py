@@ -16,7 +16,7 @@ DEFAULT_CAPACITY = 200
 MAX_CAPACITY = 10_000
 DEFAULT_PAGE = 200
 
-PLACEMENT_SECTIONS = ("pin", "promptCeiling", "contextCap", "slots", "throughput", "contention", "affinity")
+PLACEMENT_SECTIONS = ("pin", "promptCeiling", "contextCap", "slots", "throughput", "contention", "affinity", "ttft")
 #: a row's fields in the order open() builds them. A finished row in this shape is kept as a
 #: tuple of its values (about half the memory of the dict: 10,000 rows are G7's budget)
 ROW_KEYS: tuple[str, ...] = (

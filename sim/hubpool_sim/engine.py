@@ -317,7 +317,8 @@ class Engine:
                 self.stats.cached_tokens += gen.cached_tokens
             load = self.config.load_ms / 1000.0 if gen.model.id not in self.resident else 0.0
             prefill = self.config.prefill_s(gen.evaluated_tokens)
-            slot.busy_until = time.monotonic() + (load + prefill + gen.emitted_tokens * self.config.token_delay_s) * scale
+            planned = load + prefill + gen.emitted_tokens * self.config.token_delay_s
+            slot.busy_until = time.monotonic() + planned * scale
             if load > 0:
                 gen.load_s = load
                 await asyncio.sleep(load * scale)
