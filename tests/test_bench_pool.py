@@ -112,7 +112,7 @@ def test_a_small_trace_through_every_dispatcher_on_two_nodes(tmp_path):
     expected = {"chat": len(traces.built_in("chat", 3, TWO, 0.08).requests),
                 "cold": len(traces.built_in("cold", 3, TWO, 0.08).requests)}
     ran = {r.dispatcher for r in report.runs}
-    must = {"hubpool-default", "hubpool-documented", "hubpool-base", "hubpool-queue", "oracle"}
+    must = {"hubpool-default", "hubpool-documented", "hubpool-spec", "hubpool-base", "hubpool-queue", "oracle"}
     if nginx_path():
         must |= set(NGINX_POLICIES)
     assert must <= ran

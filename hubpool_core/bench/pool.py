@@ -58,7 +58,9 @@ AFFINITY_TTL_MS = 600_000
 DOCUMENTED = {"poolSlotAwareness": 1, "poolPrefixAffinityMaxInFlight": 2, "poolProbeSnapshotTtlMs": 10_000}
 #: the documented settings with the pool-wide admission queue on
 QUEUED = {**DOCUMENTED, "poolAdmissionQueue": 1}
-HUBPOOL_VARIANTS = ("hubpool-default", "hubpool-documented", "hubpool-base", "hubpool-queue")
+#: hubpool-spec is untouched hubpool with the spec's queue-depth ranking (poolTtftRanking 0):
+#: hubpool as it placed before predicted time to first token
+HUBPOOL_VARIANTS = ("hubpool-default", "hubpool-documented", "hubpool-spec", "hubpool-base", "hubpool-queue")
 NGINX_POLICIES = {"nginx-rr": "", "nginx-least-conn": "least_conn;", "nginx-weighted": "least_conn;"}
 LITELLM_STRATEGIES = {"litellm-least-busy": "least-busy", "litellm-latency": "latency-based-routing"}
 ALL_DISPATCHERS = (*HUBPOOL_VARIANTS, *NGINX_POLICIES, *LITELLM_STRATEGIES, "oracle")
@@ -282,7 +284,8 @@ class Pool:
         from concurrent.futures import ThreadPoolExecutor
 
         self.progress(f"starting {', '.join(variants)}: one node per box each")
-        prefix = {"hubpool-default": "d", "hubpool-documented": "doc", "hubpool-base": "b", "hubpool-queue": "q"}
+        prefix = {"hubpool-default": "d", "hubpool-documented": "doc", "hubpool-spec": "s", "hubpool-base": "b",
+                  "hubpool-queue": "q"}
         env = {"HUB_POOL_DEV_HEALTH_POLL_SECONDS": str(max(1, round(POLL_S * self.scale))),
                "HUB_POOL_PREFIX_AFFINITY_TTL_MS": str(max(1000, int(AFFINITY_TTL_MS * self.scale)))}
         specs: dict[str, dict[str, str]] = {}
@@ -296,8 +299,8 @@ class Pool:
                 members.setdefault(variant, []).append(name)
                 specs[name] = {**env, **extra, slotted_var: self.sims["chat"][i], resident_var: self.sims["cold"][i]}
                 stated = {"ollamaSlots": node.slots}
-                settings[name] = {"hubpool-documented": {**DOCUMENTED, **stated},
-                                  "hubpool-queue": {**QUEUED, **stated}}.get(variant, {})
+                settings[name] = {"hubpool-documented": {**DOCUMENTED, **stated}, "hubpool-queue": {**QUEUED, **stated},
+                                  "hubpool-spec": {"poolTtftRanking": 0}}.get(variant, {})
         nodes = procs.start_nodes(self.started, specs, all_vars, routing_log_size=2000, node_settings=settings)
         self.progress("pairing each variant's nodes")
 

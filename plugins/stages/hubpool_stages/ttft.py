@@ -96,7 +96,7 @@ class PredictedTtftStage(Stage):
             return known
         models = advertised_residency(getattr(candidate.peer, "last_capabilities", None), candidate.backend)
         if models is None:
-            return None
+            return known
         from hubpool_core.placement import same_model
 
         return any(same_model(m, model) for m in models)
