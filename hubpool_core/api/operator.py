@@ -135,6 +135,8 @@ async def status(request: Request) -> Response:
         "pins": status_pins(node, backends),
         "pairingPin": node.pairing_pin.status(now),
         "routing": node.routing_log.summary(),
+        "admission": {"enabled": bool(settings.poolAdmissionQueue), "size": settings.poolAdmissionQueue,
+                      **node.admission.status()},
     }
     return JSONResponse(payload)
 

@@ -138,7 +138,7 @@ def _residency(s: dict[str, Any]) -> list[str]:
     rows = []
 
     def add(node: str, resident: list[dict[str, Any]] | None, speed: list[dict[str, Any]]) -> None:
-        loads = {(e.get("backend"), e.get("model")): e.get("loadMs") for e in speed or [] if e.get("loadMs")}
+        loads = {(e.get("backend"), e.get("model")): float(e["loadMs"]) for e in speed or [] if e.get("loadMs")}
         for entry in resident or []:
             held = entry.get("models")
             shown = "unknown" if held is None else (", ".join(held) if held else "nothing")

@@ -11,6 +11,7 @@ from typing import Any
 import aiohttp
 
 from hubpool_core.access.credentials import KeyStore
+from hubpool_core.api.admission import AdmissionQueue
 from hubpool_core.config import EnvSettings, SettingsStore, env_int
 from hubpool_core.models_ids import fold_model_id
 from hubpool_core.node.directions import Directions, resolve_directions
@@ -88,6 +89,9 @@ class Node:
             min_prefill_tps=max(1, env_int(env.min_prefill_tokens_per_sec, minimum=1) or 50),
         )
         self.load = Load()
+        #: the pool-wide admission queue (poolAdmissionQueue): woken whenever a counted request ends
+        self.admission = AdmissionQueue(self)
+        self.load.on_release = self.admission.wake
         tier = (env.hardware_tier or "").strip().lower()
         #: the operator's statement of this node's hardware tier (high, medium, low, cpu-only)
         self.hardware_tier = tier if tier in TIER_RANK else None

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 #: what an unmeasured peer counts as: never idle
 UNKNOWN_PEER_LOAD = 1
@@ -24,6 +25,8 @@ class Load:
         #: forwarded it then, when): fresher than a poll for the peers this node talks to
         self._fresh: dict[str, tuple[int, int, float]] = {}
         self._report_at: dict[str, float] = {}
+        #: called after every release (the admission queue's wake-up); None: nobody listens
+        self.on_release: Callable[[], None] | None = None
         #: generations in flight on each local engine: engine kind -> {(model, num_ctx): count}
         self.local_work: dict[str, dict[tuple[str, int | None], int]] = {}
 
@@ -50,6 +53,8 @@ class Load:
                     slot.pop(work[1:], None)
         else:
             self.forwarded[peer_id] = max(0, self.forwarded.get(peer_id, 0) - 1)
+        if self.on_release is not None:
+            self.on_release()
 
     def engine_external(self, kind: str, reported: int | None) -> int:
         """What a local engine reported running or waiting beyond this node's own requests

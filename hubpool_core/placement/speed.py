@@ -129,6 +129,36 @@ def merged(observed: Speed | None, advertised: Speed | None) -> Speed | None:
                  observed.load_ms if observed.load_ms is not None else advertised.load_ms)
 
 
+def _whole(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def candidate_slots(candidate: Any, settings: Any, engine_by_kind: dict[str, Any]) -> int | None:
+    """Requests a candidate's engine runs at once, as far as this node knows: what the engine
+    reports (a local probe's ``slots``, a peer's advertised ``engineSlots``), else what its
+    node states (``ollamaSlots``) for an engine whose concurrency is a slot count; ``None``
+    when nothing says."""
+    if candidate.is_local:
+        reported = _whole(getattr(candidate.local.snapshot.result, "slots", None))
+        if reported is not None:
+            return reported
+        if getattr(candidate.local.engine, "states_slots", False):
+            return _whole(getattr(settings, "ollamaSlots", None))
+        return None
+    caps = getattr(candidate.peer, "last_capabilities", None)
+    if not isinstance(caps, dict):
+        return None
+    entries = caps.get("engineSlots")
+    for entry in entries if isinstance(entries, list) else []:
+        if isinstance(entry, dict) and entry.get("backend") == candidate.backend:
+            reported = _whole(entry.get("slots"))
+            if reported is not None:
+                return reported
+    if getattr(engine_by_kind.get(candidate.backend), "states_slots", False):
+        return _whole(caps.get("ollamaSlots"))
+    return None
+
+
 class ResidencyView:
     """Which models each engine holds in memory, as far as this node knows: its own engines
     as their residency reads say (refreshed off the request path) and as it has seen them

@@ -94,7 +94,8 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
         if plan.span is not None:
             attempt_span = node.tracer.start_attempt(plan.span, cand, attempt)
         attempt_started = time.monotonic()
-        load.acquire(cand.peer_id, work)
+        if not (attempt == 1 and plan.reserved):  # a queued request's first slot is already counted
+            load.acquire(cand.peer_id, work)
         released = False
         try:
             try:

@@ -22,7 +22,7 @@ PLACEMENT_SECTIONS = ("pin", "promptCeiling", "contextCap", "slots", "throughput
 ROW_KEYS: tuple[str, ...] = (
     "id", "at", "updatedAt", "direction", "path", "model", "node", "peerId", "backend", "candidates", "attempt",
     "failedOverFrom", "attempts", *PLACEMENT_SECTIONS, "outcome", "status", "durationMs", "totalMs", "usage",
-    "stream", "bodyBytes", "budgetMs", "reason", "requestError", "clientClosed",
+    "stream", "bodyBytes", "budgetMs", "reason", "requestError", "clientClosed", "queuedMs",
 )
 _INDEX = {key: i for i, key in enumerate(ROW_KEYS)}
 _LIST_FIELDS = (_INDEX["failedOverFrom"], _INDEX["attempts"])

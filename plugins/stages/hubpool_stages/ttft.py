@@ -22,9 +22,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from hubpool_core import Stage
-from hubpool_core.placement.speed import DEFAULT_LOAD_MS, advertised_residency, advertised_speed, merged
+from hubpool_core.placement.speed import (
+    DEFAULT_LOAD_MS,
+    advertised_residency,
+    advertised_speed,
+    candidate_slots,
+    merged,
+)
 from hubpool_stages.affinity import AffinityTable, session_key, ttl_ms_from
-from hubpool_stages.splits import positive_int
 
 #: ctx.scratch keys written here: id(candidate) -> predicted ms (None: no evidence), and the section
 SCRATCH_PREDICTED = "ttft_predicted"
@@ -59,27 +64,8 @@ class PredictedTtftStage(Stage):
 
     # -- the evidence ------------------------------------------------------------------
     def slots_of(self, candidate: Any, context: Any) -> int | None:
-        """Requests the candidate's engine runs at once: what the engine reports, else what
-        its node states for an engine whose concurrency is a slot count."""
-        if candidate.is_local:
-            reported = positive_int(getattr(candidate.local.snapshot.result, "slots", None))
-            if reported is not None:
-                return reported
-            if getattr(candidate.local.engine, "states_slots", False):
-                return positive_int(getattr(context.settings, "ollamaSlots", None))
-            return None
-        caps = getattr(candidate.peer, "last_capabilities", None)
-        if not isinstance(caps, dict):
-            return None
-        for entry in caps.get("engineSlots") or []:
-            if isinstance(entry, dict) and entry.get("backend") == candidate.backend:
-                reported = positive_int(entry.get("slots"))
-                if reported is not None:
-                    return reported
-        engines = getattr(self.node, "engine_by_kind", None) or {}
-        if getattr(engines.get(candidate.backend), "states_slots", False):
-            return positive_int(caps.get("ollamaSlots"))
-        return None
+        """Requests the candidate's engine runs at once (reported, else stated)."""
+        return candidate_slots(candidate, context.settings, getattr(self.node, "engine_by_kind", None) or {})
 
     def speed_of(self, candidate: Any, model: str) -> Any:
         book = getattr(self.node, "speed", None)
