@@ -58,6 +58,16 @@ def saturated(plan: Plan, settings: Any, engine_by_kind: dict[str, Any]) -> bool
     return True
 
 
+def free_first(plan: Plan, settings: Any, engine_by_kind: dict[str, Any]) -> None:
+    """With the queue on, a candidate at its known concurrency goes behind every one with a
+    free slot (or no stated count), in order otherwise: sending to it would over-commit it
+    while another could start the request now."""
+    full = [c for c in plan.candidates
+            if (slots := candidate_slots(c, settings, engine_by_kind)) is not None and c.in_flight >= slots]
+    if full and len(full) < len(plan.candidates):
+        plan.candidates = [c for c in plan.candidates if c not in full] + full
+
+
 @dataclass(eq=False)
 class Waiter:
     request: PlacementRequest
@@ -158,6 +168,7 @@ class AdmissionQueue:
             if saturated(plan, snapshot.settings, node.engine_by_kind):
                 blocked.add(request.model)  # same-model waiters keep their order
                 continue
+            free_first(plan, snapshot.settings, node.engine_by_kind)
             first = plan.candidates[0]
             # reserved now, so the next waiter sees this slot taken; the walk's first attempt
             # counts it as its own (RelayPlan.reserved)

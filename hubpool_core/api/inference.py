@@ -19,6 +19,7 @@ from hubpool_core.api.admission import (
     QUEUED_HEADER,
     QueuedResponse,
     error_body,
+    free_first,
     retry_after_s,
     saturated,
 )
@@ -159,6 +160,8 @@ async def routed(request: Request) -> Response:
     if settings.poolAdmissionQueue and (node.admission.waiting_for(plan.model)
                                         or saturated(plan, settings, node.engine_by_kind)):
         return _queued(request, node, asked, plan, row, span)
+    if settings.poolAdmissionQueue:
+        free_first(plan, settings, node.engine_by_kind)
     return _relay(node, asked, plan, row, span)
 
 
@@ -181,8 +184,8 @@ def _queued(request: Request, node: Any, asked: PlacementRequest, plan: Plan, ro
     settings = node.settings.current
     token = bearer(dict(request.headers.items()))
     principal = node.keys.resolve(token) if token else None
-    key = f"key:{principal.id}" if principal is not None else f"origin:{_client_ip(request)}"
-    klass = BATCH if principal is not None and principal.id in settings.poolAdmissionBatchKeys else INTERACTIVE
+    key = f"key:{principal.key_id}" if principal is not None else f"origin:{_client_ip(request)}"
+    klass = BATCH if principal is not None and principal.key_id in settings.poolAdmissionBatchKeys else INTERACTIVE
     waiting = PlacementRequest(asked.route, asked.dialect, asked.route_class, plan.model, plan.body, plan.raw,
                                asked.stream, asked.session_header)
     waiter = node.admission.enqueue(waiting, key, klass)
