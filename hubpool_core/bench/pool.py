@@ -54,6 +54,8 @@ MODELS = {"chat": CHAT_MODEL, "cold": COLD_MODEL}
 POLL_S = 30
 AFFINITY_TTL_MS = 600_000
 
+#: hubpool nodes started at once (each start is seconds of CPU; 2 cores)
+START_WAVE = 6
 #: hubpool as docs/placement.md says to run it on boxes of unequal speed
 DOCUMENTED = {"poolSlotAwareness": 1, "poolPrefixAffinityMaxInFlight": 2, "poolProbeSnapshotTtlMs": 10_000}
 #: the documented settings with the pool-wide admission queue on
@@ -301,7 +303,15 @@ class Pool:
                 stated = {"ollamaSlots": node.slots}
                 settings[name] = {"hubpool-documented": {**DOCUMENTED, **stated}, "hubpool-queue": {**QUEUED, **stated},
                                   "hubpool-spec": {"poolTtftRanking": 0}}.get(variant, {})
-        nodes = procs.start_nodes(self.started, specs, all_vars, routing_log_size=2000, node_settings=settings)
+        nodes: dict[str, procs.BenchNode] = {}
+        names = list(specs)
+        # a node's start is ~4 s of CPU: not all at once, and a variant's nodes in one wave (each
+        # wave's nodes know one another's addresses)
+        step = max(1, START_WAVE // len(self.nodes)) * len(self.nodes)
+        for at in range(0, len(names), step):
+            wave = names[at:at + step]
+            nodes.update(procs.start_nodes(self.started, {n: specs[n] for n in wave}, all_vars,
+                                           routing_log_size=2000, node_settings=settings))
         self.progress("pairing each variant's nodes")
 
         def mesh(names: list[str]) -> None:

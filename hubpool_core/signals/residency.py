@@ -1,9 +1,9 @@
 """Which models this node's engines hold in memory, read off the request path for predicted
 time to first token (docs/placement.md) and advertised to peers as ``resident``.
 
-An engine with a residency API (:meth:`hubpool_core.engine.Engine.residency`) is asked every
-health-poll interval; one without is read as serving what it lists (its last probe's
-inventory), as the spec's memory manager reads vLLM and oMLX. A read that fails or cannot
+Every engine is asked (:meth:`hubpool_core.engine.Engine.resident_models`) every health-poll
+interval; one that cannot say and has no residency API is read as serving what it lists (its
+last probe's inventory), as the spec's memory manager reads vLLM and oMLX. A read that fails or cannot
 say leaves the engine unknown, which placement never takes for cold.
 """
 
@@ -41,11 +41,11 @@ class ResidencySampler:
         if snapshot is None or not (snapshot.result.running and snapshot.result.healthy):
             self.view.set("local", engine.kind, None)
             return
-        if not engine.has_residency:
-            self.view.set("local", engine.kind, [m.id for m in snapshot.result.models])
-            return
         try:
-            held = await asyncio.wait_for(engine.residency(self.local.http), READ_TIMEOUT_S)
+            held = await asyncio.wait_for(engine.resident_models(self.local.http), READ_TIMEOUT_S)
         except Exception:  # noqa: BLE001 - no answer says nothing: unknown
             held = None
+        if held is None and not engine.has_residency:  # no API to ask: what it lists is loaded
+            self.view.set("local", engine.kind, [m.id for m in snapshot.result.models])
+            return
         self.view.set("local", engine.kind, None if held is None else [r.id for r in held])

@@ -22,10 +22,10 @@ FLAVOR_NAMES = ("ollama", "vllm", "llamacpp", "lemonade", "omlx")
 _RUNTIME_TYPES: dict[str, Any] = {
     "slots": int, "prefill_tps": float, "decode_tps": float, "decode_ms_per_token": float, "load_ms": float,
     "tokens": int, "embedding_dim": int, "prompt_cache": bool, "timings": bool, "api_key": str,
-    "time_scale": float,
+    "time_scale": float, "sleeping": bool,
 }
 RUNTIME_FIELDS = tuple(_RUNTIME_TYPES)
-_NULLABLE = ("decode_ms_per_token", "api_key")
+_NULLABLE = ("decode_ms_per_token", "api_key", "sleeping")
 
 _PARAMS_TAG = re.compile(r"(?:^|[:\-_])e?(\d+(?:\.\d+)?)([bm])(?:$|[\-_])", re.IGNORECASE)
 
@@ -149,6 +149,10 @@ class SimConfig:
     #: when set, every answer carries ``X-Sim-Name: <name>`` (which node served it, for a
     #: benchmark whose dispatcher does not say)
     name: str | None = None
+    #: llamacpp: llama-server's router mode (``GET /models`` with each model's load status)
+    router: bool = False
+    #: vllm: asleep (``GET /is_sleeping``; served only with this knob set at start or later)
+    sleeping: bool | None = None
 
     def __post_init__(self) -> None:
         if self.flavor not in FLAVOR_NAMES:

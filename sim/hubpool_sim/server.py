@@ -60,9 +60,10 @@ def _routes(flavor: Flavor) -> tuple[list[tuple[str, str, Handler]], set[str], s
             ("POST", "/api/embeddings", native.embeddings),
         ]
     extra: dict[str, list[tuple[str, Handler]]] = {
-        "vllm": [("/health", probes.vllm_health), ("/metrics", probes.vllm_metrics)],
+        "vllm": [("/health", probes.vllm_health), ("/metrics", probes.vllm_metrics),
+                 ("/is_sleeping", probes.vllm_is_sleeping)],
         "llamacpp": [("/health", probes.llamacpp_health), ("/props", probes.llamacpp_props),
-                     ("/slots", probes.llamacpp_slots)],
+                     ("/slots", probes.llamacpp_slots), ("/models", probes.llamacpp_models)],
         "lemonade": [("/api/v1/health", probes.lemonade_health)],
         "omlx": [("/health", probes.omlx_health)],
     }

@@ -102,6 +102,23 @@ class LlamacppEngine(Engine):
             return None
         return [ResidentModel(id=m.id, context_window=m.context_window) for m in result.models]
 
+    async def resident_models(self, http: httpx.AsyncClient) -> list[ResidentModel] | None:
+        """In router mode (started without a model), ``GET /models`` lists every model with
+        its ``status`` (``loaded``, ``loading``, ``unloaded``): the loaded ones. A server
+        started with one model has no such list and holds that model while it answers
+        (:meth:`residency`). ``None`` when neither answers."""
+        answer = await self.get_json(http, "/models")
+        data = answer.body.get("data") if answer.ok and isinstance(answer.body, Mapping) else None
+        if isinstance(data, list) and any(isinstance(e, Mapping) and "status" in e for e in data):
+            loaded = []
+            for entry in data:
+                status = entry.get("status") if isinstance(entry, Mapping) else None
+                value = status.get("value") if isinstance(status, Mapping) else status
+                if value == "loaded" and isinstance(entry.get("id"), str):
+                    loaded.append(ResidentModel(id=entry["id"]))
+            return loaded
+        return await self.residency(http)
+
     def timings(self, body: Mapping[str, Any]) -> Timings | None:
         """llama-server's own ``timings`` (``prompt_n`` counts only the tokens read, so the
         whole prompt is ``prompt_n + cache_n``), with ``usage`` filling what it lacks."""
