@@ -55,7 +55,7 @@ POLL_S = 30
 AFFINITY_TTL_MS = 600_000
 
 #: hubpool nodes started at once (each start is seconds of CPU; 2 cores)
-START_WAVE = 6
+START_WAVE = 3
 #: hubpool as docs/placement.md says to run it on boxes of unequal speed
 DOCUMENTED = {"poolSlotAwareness": 1, "poolPrefixAffinityMaxInFlight": 2, "poolProbeSnapshotTtlMs": 10_000}
 #: the documented settings with the pool-wide admission queue on
@@ -311,7 +311,7 @@ class Pool:
         for at in range(0, len(names), step):
             wave = names[at:at + step]
             nodes.update(procs.start_nodes(self.started, {n: specs[n] for n in wave}, all_vars,
-                                           routing_log_size=2000, node_settings=settings))
+                                           routing_log_size=2000, node_settings=settings, start_timeout=180))
         self.progress("pairing each variant's nodes")
 
         def mesh(names: list[str]) -> None:

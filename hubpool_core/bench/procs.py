@@ -291,7 +291,8 @@ BENCH_SETTINGS = {"poolProbeSnapshotTtlMs": 10_000}
 
 def start_nodes(started: Started, specs: dict[str, dict[str, str]], engine_vars: list[str],
                 routing_log_size: int = 10_000, settings: dict[str, Any] | None = None,
-                node_settings: dict[str, dict[str, Any]] | None = None) -> dict[str, BenchNode]:
+                node_settings: dict[str, dict[str, Any]] | None = None,
+                start_timeout: float = 60.0) -> dict[str, BenchNode]:
     """`hubpool serve` processes named by ``specs`` (name -> extra environment), every engine
     variable in ``engine_vars`` pointed at a closed port unless the spec names it, each
     starting with ``settings`` (default :data:`BENCH_SETTINGS`), or with its own from
@@ -318,7 +319,8 @@ def start_nodes(started: Started, specs: dict[str, dict[str, str]], engine_vars:
     nodes = {}
     for name in names:
         url = f"http://127.0.0.1:{ports[name]}"
-        wait_http(url + P + "/identify", procs[name], 60, f"hubpool node {name}", "\n" + started.log_tail(name))
+        wait_http(url + P + "/identify", procs[name], start_timeout, f"hubpool node {name}",
+                  "\n" + started.log_tail(name))
         nodes[name] = BenchNode(name, url, procs[name], started.workdir / name)
     return nodes
 
