@@ -523,7 +523,10 @@ def judge(summary: dict[str, dict[str, dict[str, Any]]], pool_name: str, over: d
     if over and over.get("addedP50Ms") is not None:
         out.append(goal("overhead", "what hubpool adds before the first token in a real pool ≤ 3 ms p50",
                         f"+{over['addedP50Ms']:.2f} ms p50, +{over['addedP95Ms']:.2f} ms p95 ({over['variant']}; "
-                        f"nginx +{over['nginxAddedP50Ms']} ms)", PASS if over["addedP50Ms"] <= 3 else FAIL))
+                        f"nginx +{over['nginxAddedP50Ms']} ms)", PASS if over["addedP50Ms"] <= 3 else FAIL,
+                        "" if over["variant"] != "hubpool-documented" else
+                        "with the local engines' health from the snapshot (poolProbeSnapshotTtlMs 10000); the "
+                        "spec's default, 0, probes every engine live on every request: see the default's figure"))
     else:
         out.append(goal("overhead", "what hubpool adds before the first token in a real pool ≤ 3 ms p50", "n/a",
                         SKIP, "not measured in this run"))
@@ -538,12 +541,15 @@ class PoolReport:
     runs: list[RunResult] = field(default_factory=list)
     summary: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     goals: list[dict[str, Any]] = field(default_factory=list)
+    #: the one the goal is judged on: hubpool as documented (its snapshot of the local engines'
+    #: health), else the default
     overhead: dict[str, Any] | None = None
+    overheads: list[dict[str, Any]] = field(default_factory=list)
     notes: dict[str, str] = field(default_factory=dict)
 
     def to_json(self, with_requests: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {"config": self.config, "summary": self.summary, "goals": self.goals,
-                               "overhead": self.overhead, "notes": self.notes}
+                               "overhead": self.overhead, "overheads": self.overheads, "notes": self.notes}
         out["runs"] = [{"trace": r.trace, "dispatcher": r.dispatcher, "round": r.round, "spanS": r.span_s,
                         "cachedTokens": r.cached_tokens, "promptTokens": r.prompt_tokens, "servedBy": r.sim_load,
                         **({"requests": r.requests} if with_requests else {})} for r in self.runs]
@@ -605,10 +611,14 @@ def run_bench(*, traces: tuple[str, ...] = BUILT_IN, trace_files: tuple[Path, ..
                 runs = [r for r in report.runs if r.trace == trace_name and r.dispatcher == name]
                 if runs:
                     report.summary[trace_name][name] = summarise(runs, slo.get(trace_name, 5000.0))
-        if overhead_n and "hubpool-default" in pool.dispatchers:
-            progress("measuring what hubpool adds before the first token")
-            pool.settle()
-            report.overhead = overhead(pool, replayer, "hubpool-default", overhead_n)
+        if overhead_n:
+            for variant in ("hubpool-default", "hubpool-documented"):
+                if variant in pool.dispatchers:
+                    progress(f"measuring what {variant} adds before the first token")
+                    pool.settle()
+                    report.overheads.append(overhead(pool, replayer, variant, overhead_n) or {})
+            report.overhead = next((o for o in report.overheads if o.get("variant") == "hubpool-documented"),
+                                   report.overheads[0] if report.overheads else None)
         warm_name = nodes[1].name if len(nodes) > 1 else nodes[0].name
         report.goals = judge(report.summary, pool_name, report.overhead, warm_name)
         report.config["loadavgEnd"] = os.getloadavg()

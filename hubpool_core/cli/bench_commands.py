@@ -372,10 +372,10 @@ def pool(trace: list[str] = typer.Option(["chat", "agents", "burst", "cold"], "-
     _goals_table(report.goals)
     for name, note in report.notes.items():
         out.print(f"{name}: {escape(note)}")
-    if report.overhead:
-        o = report.overhead
-        out.print(f"what hubpool adds before the first token (real ms, {o['requests']} requests): "
-                  f"+{o['addedP50Ms']} p50, +{o['addedP95Ms']} p95; nginx +{o['nginxAddedP50Ms']} p50")
+    for o in report.overheads:
+        if o:
+            out.print(f"what {o['variant']} adds before the first token (real ms, {o['requests']} requests): "
+                      f"+{o['addedP50Ms']} p50, +{o['addedP95Ms']} p95; nginx +{o['nginxAddedP50Ms']} p50")
     cfg = report.config
     out.print(f"{cfg['wallS']} s, scale {cfg['scale']}, load average {cfg['loadavgStart'][0]:.2f} → "
               f"{cfg['loadavgEnd'][0]:.2f} on {cfg['cpus']} CPUs")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Any
 
@@ -75,11 +76,19 @@ class LlamacppEngine(Engine):
                 return ProbeResult(running=True, healthy=False, error=error)
             if health.status != 200:  # a 200 that is not JSON still goes on to the listing
                 return health.unhealthy()
-            entries = await self.openai_models(http)
+            # the listing and /props side by side: a live probe per request (poolProbeSnapshotTtlMs
+            # 0, the spec's default) waits for the slower of the two rather than both in turn
+            listing, props = await asyncio.gather(self.openai_models(http), self._props(http),
+                                                  return_exceptions=True)
+            if isinstance(listing, BaseException):
+                raise listing
+            entries = listing
             other = self.other_engine_result(e.get("owned_by") for e in entries)
             if other:
                 return other
-            n_ctx, slots = await self._props(http)
+            if isinstance(props, BaseException):
+                raise props
+            n_ctx, slots = props
             models = tuple(
                 ModelInfo(
                     id=e["id"],

@@ -4,10 +4,10 @@ one model a classic server holds (against the simulator)."""
 from __future__ import annotations
 
 import httpx
+from hubpool_llamacpp.engine import LlamacppEngine
 
 from hubpool_core.engine import EngineConfig
 from hubpool_core.testing import run
-from hubpool_llamacpp.engine import LlamacppEngine
 from hubpool_sim import SimConfig, SimModel, run_in_thread
 
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import httpx
+from hubpool_vllm.engine import VllmEngine
 
 from hubpool_core.engine import EngineConfig
 from hubpool_core.testing import run
 from hubpool_sim import SimConfig, SimModel, run_in_thread
-from hubpool_vllm.engine import VllmEngine
 
 
 def resident(url):
