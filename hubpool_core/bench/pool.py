@@ -185,21 +185,7 @@ def start_sim(started: procs.Started, config: dict[str, Any], label: str) -> tup
     return url, proc
 
 
-NGINX_HEAD = """master_process off;
-daemon off;
-worker_processes 1;
-pid {run}/nginx.pid;
-error_log stderr warn;
-events {{ worker_connections 4096; }}
-http {{
-    access_log off;
-    client_body_temp_path {run}/body;
-    proxy_temp_path {run}/proxy;
-    fastcgi_temp_path {run}/fastcgi;
-    uwsgi_temp_path {run}/uwsgi;
-    scgi_temp_path {run}/scgi;
-    client_max_body_size 64m;
-"""
+NGINX_HEAD = procs.NGINX_HEAD + "    client_max_body_size 64m;\n"
 NGINX_SERVER = """    upstream {name} {{
         {policy}
 {servers}        keepalive 64;
@@ -386,21 +372,14 @@ class Pool:
         return sum(s["cached_tokens"] for s in stats), sum(s["prompt_tokens"] for s in stats)
 
 
-class Replayer:
+class Replayer(procs.JsonLineProcess):
     """The replay process (:mod:`pool_replay`): one trace in, every request's figures out."""
 
     def __init__(self, started: procs.Started):
-        self.proc = started.start("replay", [sys.executable, "-m", "hubpool_core.bench.pool_replay"],
-                                  env=procs.child_env({}), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        super().__init__(started, "replay", "hubpool_core.bench.pool_replay")
 
     def run(self, job: dict[str, Any]) -> dict[str, Any]:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write((json.dumps(job) + "\n").encode())
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError("the replay process exited")
-        result = json.loads(line)
+        result = self.ask(job)
         if "error" in result:
             raise RuntimeError(f"replay: {result['error']}")
         return result

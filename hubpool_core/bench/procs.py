@@ -116,6 +116,24 @@ def child_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
+class JsonLineProcess:
+    """A helper process driven over its pipes: one JSON job line in, one JSON result line out."""
+
+    def __init__(self, started: Started, name: str, module: str):
+        self.name = name
+        self.proc = started.start(name, [sys.executable, "-m", module], env=child_env({}), stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE)
+
+    def ask(self, job: dict[str, Any]) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write((json.dumps(job) + "\n").encode())
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the {self.name} process exited")
+        return json.loads(line)
+
+
 class Started:
     """The processes one benchmark started; ``stop_all`` ends exactly those."""
 
@@ -189,8 +207,8 @@ def start_stub(started: Started, pace_ms: float, tokens: int) -> tuple[str, subp
 
 # -- nginx ----------------------------------------------------------------------------
 
-NGINX_CONF = """# a plain reverse proxy: the best one extra hop does (one process, as a node is one)
-master_process off;
+#: one nginx process in the foreground, everything under ``{run}``; the ``http`` block stays open
+NGINX_HEAD = """master_process off;
 daemon off;
 worker_processes 1;
 pid {run}/nginx.pid;
@@ -203,6 +221,9 @@ http {{
     fastcgi_temp_path {run}/fastcgi;
     uwsgi_temp_path {run}/uwsgi;
     scgi_temp_path {run}/scgi;
+"""
+# a plain reverse proxy: the best one extra hop does (one process, as a node is one)
+NGINX_CONF = NGINX_HEAD + """\
     keepalive_requests 1000000;
     upstream engine {{
         server {upstream};

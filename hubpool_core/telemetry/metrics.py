@@ -215,11 +215,11 @@ class NodeMetrics:
             m.add_metric(["interactive"], state["interactive"])
             m.add_metric(["batch"], state["batch"])
             yield m
-            m = CounterMetricFamily("hubpool_admission", "Requests leaving the admission queue, by how",
-                                    labels=["outcome"])
+            left = CounterMetricFamily("hubpool_admission", "Requests leaving the admission queue, by how",
+                                       labels=["outcome"])
             for outcome in ("dispatched", "overflowed", "expired", "abandoned"):
-                m.add_metric([outcome], state[outcome])
-            yield m
+                left.add_metric([outcome], state[outcome])
+            yield left
             yield CounterMetricFamily("hubpool_admission_wait_seconds", "Time dispatched requests waited, in all",
                                       value=admission.wait_ms_total / 1000)
         m = GaugeMetricFamily("hubpool_build_info", "This build of hubpool (always 1)", labels=["version"])
