@@ -23,6 +23,7 @@ SLOW = (
     "tests/security/test_upgrade_state_machine.py",  # 17 s
     "tests/test_advice.py",  # 24 s
     "tests/test_affinity_contention.py",  # 9 s
+    "tests/test_admission_queue.py",  # 29 s: two nodes, one-slot engines held busy
     "tests/test_bad_input.py",  # 14 s
     "tests/test_bench_capacity.py",  # 42 s
     "tests/test_bench_pool.py",  # 100 s: eight hubpool nodes, nginx and the oracle on two simulated boxes
@@ -42,6 +43,7 @@ SLOW = (
     "tests/test_split_stages.py",  # 18 s
     "tests/test_throughput_e2e.py",  # 19 s
     "tests/test_tracing.py",  # 15 s
+    "tests/test_ttft_ranking.py",  # 20 s: two nodes, engines held busy
     "tests/test_verdicts_output.py",  # 9 s
 )
 

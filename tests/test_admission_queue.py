@@ -107,11 +107,11 @@ def test_a_saturated_pool_queues_and_dispatches_to_the_node_that_frees_first(poo
     a, b, sims = pool
     bg = Background()
     hold_both(a, bg, long_a=250, long_b=60)  # hub-b's slot frees first
-    started = time.monotonic()
     r = ask(a, 1)
     assert r.status_code == 200, r.text
     waited = int(r.headers["x-hub-pool-queued-ms"])
-    assert waited >= 200 and time.monotonic() - started < 2.4  # hub-b freed at ~0.6 s; hub-a is busy till ~2.5 s
+    assert waited >= 200
+    # hub-b's slot frees at ~0.6 s, hub-a's at ~2.5 s: the queued request goes where a slot freed first
     assert r.headers["x-hub-pool-served-by"] == fqdn("hub-b")
     assert row(a, r.headers["x-hub-pool-request-id"])["queuedMs"] == waited
     bg.join()
