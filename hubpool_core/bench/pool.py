@@ -59,7 +59,7 @@ START_WAVE = 3
 #: hubpool as docs/placement.md says to run it on boxes of unequal speed
 DOCUMENTED = {"poolSlotAwareness": 1, "poolPrefixAffinityMaxInFlight": 2, "poolProbeSnapshotTtlMs": 10_000}
 #: the documented settings with the pool-wide admission queue on
-QUEUED = {**DOCUMENTED, "poolAdmissionQueue": 1}
+QUEUED = {**DOCUMENTED, "poolAdmissionQueue": 64}
 #: hubpool-spec is untouched hubpool with the spec's queue-depth ranking (poolTtftRanking 0):
 #: hubpool as it placed before predicted time to first token
 HUBPOOL_VARIANTS = ("hubpool-default", "hubpool-documented", "hubpool-spec", "hubpool-base", "hubpool-queue")
