@@ -20,18 +20,18 @@ def chat(content: str, **extra):
 
 
 def test_a_scaled_clock_waits_less_and_reports_the_unscaled_durations():
-    config = SimConfig(flavor="llamacpp", prefill_tps=1000, decode_tps=100, timings=True, time_scale=0.1,
+    config = SimConfig(flavor="llamacpp", prefill_tps=100, decode_tps=100, timings=True, time_scale=0.02,
                        models=[SimModel(MODEL, window=32768)])
     with run_in_thread(config) as sim:
         started = time.monotonic()
-        answer = httpx.post(sim.url + "/v1/chat/completions", json=chat(PROMPT), timeout=10).json()
+        answer = httpx.post(sim.url + "/v1/chat/completions", json=chat(PROMPT), timeout=30).json()
         wall = time.monotonic() - started
     timings = answer["timings"]
-    # ~1,003 tokens at 1,000 tok/s is ~1 s reported and 0.1 s waited; 4 tokens at 100 tok/s are
-    # 40 ms reported (bounds loose: a loaded box oversleeps, and each ms late reads as 10)
-    assert 900 <= timings["prompt_ms"] <= 2500
-    assert 30 <= timings["predicted_ms"] <= 500
-    assert wall < 0.9
+    # ~1,003 tokens at 100 tok/s is ~10 s reported and 0.2 s waited; 4 tokens at 100 tok/s are 40 ms
+    # reported (bounds loose: a loaded box oversleeps, and each ms late reads as 50)
+    assert 9_900 <= timings["prompt_ms"] <= 30_000
+    assert 30 <= timings["predicted_ms"] <= 2_000
+    assert wall < 0.5 * timings["prompt_ms"] / 1000  # it waited far less than it reports
 
 
 def test_counters_flush_and_estimate():
