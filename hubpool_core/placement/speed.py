@@ -88,6 +88,15 @@ class SpeedBook:
     def get(self, node: str, backend: str, model: str) -> Speed | None:
         return self._rows.get((node, backend, fold_model_id(model)))
 
+    def node_prior(self, node: str) -> Speed | None:
+        """The node's most recently measured prefill on any engine or model: a prior for a
+        model it never served here (so a cold load can be priced before the first request)."""
+        rows = [v for k, v in self._rows.items() if k[0] == node and v.prefill_tps is not None]
+        if not rows:
+            return None
+        newest = max(rows, key=lambda v: v.at)
+        return Speed(newest.prefill_tps, newest.service_ms, None)
+
     def advertised(self, node: str = "local") -> list[dict[str, Any]]:
         """This node's own averages, newest first, as capabilities carry them."""
         rows = sorted(((k, v) for k, v in self._rows.items() if k[0] == node), key=lambda kv: -kv[1].at)
@@ -117,6 +126,16 @@ def advertised_speed(capabilities: Any, backend: str, model: str) -> Speed | Non
         values = {k: float(entry[k]) if _finite_positive(entry.get(k)) else None
                   for k in ("prefillTps", "serviceMs", "loadMs")}
         return Speed(values["prefillTps"], values["serviceMs"], values["loadMs"])
+    return None
+
+
+def advertised_prior(capabilities: Any) -> Speed | None:
+    """The first valid prefill rate a peer advertises for any engine or model (newest first)."""
+    entries = capabilities.get("speed") if isinstance(capabilities, dict) else None
+    for entry in entries[:MAX_ADVERTISED] if isinstance(entries, list) else []:
+        if isinstance(entry, dict) and _finite_positive(entry.get("prefillTps")):
+            service: Any = entry.get("serviceMs")
+            return Speed(float(entry["prefillTps"]), float(service) if _finite_positive(service) else None, None)
     return None
 
 

@@ -24,6 +24,7 @@ from typing import Any
 from hubpool_core import Stage
 from hubpool_core.placement.speed import (
     DEFAULT_LOAD_MS,
+    advertised_prior,
     advertised_residency,
     advertised_speed,
     candidate_slots,
@@ -68,12 +69,16 @@ class PredictedTtftStage(Stage):
         return candidate_slots(candidate, context.settings, getattr(self.node, "engine_by_kind", None) or {})
 
     def speed_of(self, candidate: Any, model: str) -> Any:
+        """This engine's measured speed for the model; for a model it never served, the node's
+        speed on another (a prior: the first request is then priced, a cold load included)."""
         book = getattr(self.node, "speed", None)
         observed = book.get(candidate.node, candidate.backend, model) if book is not None else None
-        if candidate.is_local:
-            return observed
-        caps = getattr(candidate.peer, "last_capabilities", None)
-        return merged(observed, advertised_speed(caps, candidate.backend, model))
+        caps = None if candidate.is_local else getattr(candidate.peer, "last_capabilities", None)
+        speed = observed if candidate.is_local else merged(observed, advertised_speed(caps, candidate.backend, model))
+        if speed is not None and speed.prefill_tps is not None:
+            return speed
+        prior = book.node_prior(candidate.node) if book is not None else None
+        return prior if prior is not None or candidate.is_local else advertised_prior(caps)
 
     def resident(self, candidate: Any, model: str) -> bool | None:
         view = getattr(self.node, "residency", None)

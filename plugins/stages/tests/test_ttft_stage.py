@@ -163,3 +163,19 @@ def test_affinity_keeps_a_session_only_within_the_margin_of_the_best():
     # 40k new tokens: 100 s on the slow box against 15 s cold on the fast one: affinity stands aside
     assert out[0].node == "fast" and sections["affinity"]["qualified"] is False
     assert sections["affinity"]["ttftMargin"] is True
+
+
+def test_a_model_never_served_is_priced_from_the_nodes_other_models_and_its_residency():
+    """The cold trace: nothing has timed the model anywhere, one node holds it in memory."""
+    book = SpeedBook()
+    for name in ("warm", "cold"):
+        book.record_read(name, "eng", "other-model", 1000, 250)
+    view = ResidencyView()
+    view.set("warm", "eng", ["m"])
+    view.set("cold", "eng", [])
+    cold, warm = peer(0, 0, 2), peer(1, 0, 2)
+    cold.node, warm.node = "cold", "warm"
+    out, section = PredictedTtftStage(make_node(book, view)).apply([cold, warm], ctx(cfg(True), 2000))
+    assert [c.node for c in out] == ["warm", "cold"]
+    by = {p["node"]: p for p in section["predictions"]}
+    assert by["cold"]["loadMs"] == 30_000 and by["warm"]["loadMs"] == 0
