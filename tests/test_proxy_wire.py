@@ -422,11 +422,13 @@ def test_a_judged_stream_is_pumped_chunk_by_chunk_and_its_judge_returned():
 
 def test_a_translated_stream_goes_back_as_ndjson():
     node = fake_node()
-    plan = make_plan(node, route="/api/chat", dialect=NATIVE)
+    cand = peer("hub-b", "pooltmpl")
+    plan = make_plan(node, [cand], route="/api/chat", dialect=NATIVE)
     translator = NativeToOpenAI("/api/chat", {"model": MODEL, "messages": []}, True)
     upstream = FakeUpstream(200, [("Content-Type", SSE)], chunks=[PARTIAL, FINAL])
     sent = Sent()
-    run(lambda hangup: relay_translated(node, plan, hangup, sent, upstream, translator, True, [], None, None))
+    run(lambda hangup: relay_translated(node, plan, hangup, sent, upstream, cand, translator, True, [], None,
+                                       None))
     assert sent[0]["headers"] == [(b"content-type", b"application/x-ndjson")]
     lines = [json.loads(body) for body, more in sent.bodies() if body]
     assert [(line["message"]["content"], line["done"]) for line in lines] == [("hi", False), ("hi", False),

@@ -10,7 +10,7 @@ from contextlib import ExitStack
 
 import httpx
 import pytest
-from harness import RunningNode, make_pool, pair, poll_until_offered
+from harness import RunningNode, fqdn, make_pool, pair, poll_until_offered
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -231,3 +231,49 @@ def test_a_model_failing_to_load_is_withheld_and_released_when_resident(tmp_path
         node.run(node.node.health.poll_once())  # resident in /api/ps: proof it serves
         assert node.node.unservable.withheld_models("local", "ollama") == set()
         assert httpx.post(node.url + "/api/chat", json=body).status_code == 200
+
+
+def _native_stream(node, content="tell me", model="qwen3:8b"):
+    """A streamed native /api/chat: its NDJSON lines and the request id."""
+    body = {"model": model, "messages": [{"role": "user", "content": content}]}
+    with httpx.stream("POST", node.url + "/api/chat", json=body, timeout=30) as r:
+        assert r.status_code == 200
+        return [json.loads(x) for x in r.iter_lines() if x], r.headers["x-hub-pool-request-id"]
+
+
+def test_a_translated_stream_is_judged_at_the_entry_and_at_the_leaf(trio):
+    """Issue 16.1: native /api/chat on an OpenAI-only engine goes through the translator, and
+    its stream is judged from the engine's own bytes, exactly as an untranslated one."""
+    nodes, sims = trio
+    a, b = nodes["hub-a"], nodes["hub-b"]
+    local_vllm = ("local", "vllm", "qwen3:8b")
+    # entry node, its own vLLM: placeholders only, in a turn long enough to be timed
+    sims["hub-a"].add_fault("unused", count=2)
+    long_turn = "word " * 4000  # ~20 KB: over the 4,096 estimated tokens a sample needs
+    for i in range(2):
+        lines, rid = _native_stream(a, long_turn)
+        assert "<unused49>" in lines[0]["message"]["content"]  # a stream cannot be recalled
+        row = row_of(a, rid)
+        assert row["node"] == "local" and row["backend"] == "vllm"
+        assert row["outcome"] == "failed" and row["reason"] == "degenerate-output"
+        assert row["requestError"] == {"signature": "degenerate-output", "basis": "node", "confirms": None}
+    assert a.node.output_quarantine.withheld(local_vllm)  # two faults withhold it
+    assert op(a, "GET", "/status")["localNode"]["throughput"] == []  # a failed answer is no sample
+    assert op(a, "GET", "/routing-log")["summary"]["outputFaults"] == 2
+    lines, rid = _native_stream(a)  # withheld: the next turn goes to a peer
+    assert row_of(a, rid)["node"] != "local" and lines[-1]["done"] is True
+    a.node.output_quarantine.clear(local_vllm)
+    # a translated stream cut before its final frame: no closing frame, recorded truncated
+    sims["hub-a"].add_fault("cut", count=1)
+    lines, rid = _native_stream(a)
+    assert lines and lines[-1]["done"] is False
+    assert row_of(a, rid)["requestError"]["signature"] == "truncated-upstream"
+    # a leaf serving a forward translates too, and strikes its own engine on what it judged
+    op(a, "POST", "/pins", {"scope": "default", "targetKind": "peer",
+                            "targetPeerId": a.node.peers.by_fqdn(fqdn("hub-b")).id})
+    sims["hub-b"].add_fault("unused", count=2)
+    for _ in range(2):
+        lines, rid = _native_stream(a)
+        assert row_of(a, rid)["node"] == fqdn("hub-b")
+    assert b.node.output_quarantine.withheld(local_vllm)  # the leaf's own apps stop using it
+    op(a, "DELETE", "/pins?scope=default")

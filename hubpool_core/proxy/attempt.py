@@ -14,13 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from hubpool_core.engine import OPENAI
 from hubpool_core.peering.client import PeerAuthError
 from hubpool_core.placement import Candidate
 from hubpool_core.proxy.connector import SEND_STATE, SendState, reset_before_answer
 from hubpool_core.proxy.hangup import Hangup
 from hubpool_core.proxy.plan import LOCAL_PREFIX, RelayPlan
-from hubpool_core.proxy.translate import NativeToOpenAI
+from hubpool_core.proxy.translate import Translator, judged_dialect, translator_for
 
 if TYPE_CHECKING:
     from hubpool_core.proxy.verdicts import Verdict
@@ -51,17 +50,16 @@ def transport_code(exc: BaseException) -> str:
 
 
 async def open_request(node: Any, plan: RelayPlan, cand: Candidate,
-                       attempt_span: Any) -> tuple[Any, NativeToOpenAI | None]:
+                       attempt_span: Any) -> tuple[Any, Translator | None]:
     """The upstream request for one candidate (not yet awaited) and its translator."""
-    translator: NativeToOpenAI | None
+    translator: Translator | None
     if cand.local is not None:
         engine = cand.local.engine
-        translator = None
         route, body_bytes = plan.route, plan.raw
-        if plan.dialect not in engine.dialects:
-            translator = NativeToOpenAI(plan.route, plan.body, plan.stream)
+        translator = translator_for(plan.route, plan.dialect, plan.body, plan.stream, engine.dialects)
+        if translator is not None:
             route, body_bytes = translator.upstream_route, json.dumps(translator.upstream_body).encode()
-        dialect = OPENAI if translator else plan.dialect
+        dialect = judged_dialect(plan.dialect, translator)
         url = engine.base_url + engine.upstream_path(dialect, route)
         headers = {"Content-Type": "application/json", **engine.auth_headers()}
     else:
@@ -83,7 +81,7 @@ async def open_request(node: Any, plan: RelayPlan, cand: Candidate,
 
 
 async def send_attempt(node: Any, plan: RelayPlan, cand: Candidate, hangup: Hangup, attempt_started: float,
-                       attempt_span: Any) -> tuple[aiohttp.ClientResponse, NativeToOpenAI | None]:
+                       attempt_span: Any) -> tuple[aiohttp.ClientResponse, Translator | None]:
     """Send one attempt and wait for the answer's headers, within the plan's budget.
 
     When the request went out on a reused keep-alive connection and the other side closed

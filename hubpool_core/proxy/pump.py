@@ -17,20 +17,19 @@ from typing import Any
 import aiohttp
 from starlette.types import Send
 
-from hubpool_core.engine import OPENAI
 from hubpool_core.placement import Candidate
 from hubpool_core.proxy.attempt import transport_code
 from hubpool_core.proxy.hangup import ClientGone, Hangup
 from hubpool_core.proxy.judge import final_frame_check, stream_ended
 from hubpool_core.proxy.output_check import TRUNCATED, StreamJudge
 from hubpool_core.proxy.plan import STREAM_TYPES, RelayPlan, attribution, pass_headers
-from hubpool_core.proxy.translate import NativeToOpenAI
+from hubpool_core.proxy.translate import Translator, judged_dialect
 
 log = logging.getLogger("hubpool.relay")
 
 
 async def commit(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, upstream: aiohttp.ClientResponse,
-                 cand: Candidate, translator: NativeToOpenAI | None, started: float,
+                 cand: Candidate, translator: Translator | None, started: float,
                  held: bytes | None = None, judged: bool = False) -> StreamJudge | None:
     """Send this answer to the app and pump the rest of it; the stream's judge, if it had one."""
     row, log_ = plan.row, node.routing_log
@@ -57,10 +56,12 @@ async def commit(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, upstrea
     headers += [(k.lower().encode(), v.encode()) for k, v in plan.context_headers().items()]
     judge = None
     if judged and status == 200 and streamed:
-        judge = StreamJudge(OPENAI if translator else plan.dialect, final_frame_check(node, cand))
+        # judged in the engine's own dialect: a translated stream is judged on its upstream bytes
+        judge = StreamJudge(judged_dialect(plan.dialect, translator), final_frame_check(node, cand))
     try:
         if translator is not None:
-            await relay_translated(node, plan, hangup, send, upstream, translator, streamed, headers, held, judge)
+            await relay_translated(node, plan, hangup, send, upstream, cand, translator, streamed, headers, held,
+                                       judge)
         else:
             headers = pass_headers(upstream) + headers
             await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -79,8 +80,10 @@ async def commit(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, upstrea
 
 
 async def relay_translated(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, upstream: aiohttp.ClientResponse,
-                           translator: NativeToOpenAI, streamed: bool, headers: list[tuple[bytes, bytes]],
-                           held: bytes | None, judge: StreamJudge | None) -> None:
+                           cand: Candidate, translator: Translator, streamed: bool,
+                           headers: list[tuple[bytes, bytes]], held: bytes | None, judge: StreamJudge | None) -> None:
+    """Send the answer in the app's dialect. The judge reads the upstream bytes before the
+    translator does, and the stream is concluded with its candidate like any other."""
     status = upstream.status
     if not streamed or status >= 400:
         raw = held if held is not None else await hangup.until(upstream.read(), None)
@@ -90,8 +93,8 @@ async def relay_translated(node: Any, plan: RelayPlan, hangup: Hangup, send: Sen
         await send({"type": "http.response.body", "body": body})
         return
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/x-ndjson")] + headers})
-    await pump(node, plan, hangup, send, upstream, translator.feed, tail=translator.end, judge=judge)
+                "headers": [(b"content-type", translator.stream_content_type)] + headers})
+    await pump(node, plan, hangup, send, upstream, translator.feed, tail=translator.end, judge=judge, cand=cand)
 
 
 async def pump(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, upstream: aiohttp.ClientResponse,

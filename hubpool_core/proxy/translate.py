@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
-from hubpool_core.engine import error_message
+from hubpool_core.engine import NATIVE, OPENAI, error_message
 
 #: native option -> OpenAI field
 _OPTION_MAP = {
@@ -91,8 +91,57 @@ def _tool_calls_to_native(calls: Any) -> list[dict[str, Any]] | None:
     return out or None
 
 
+class Translator(Protocol):
+    """One exchange an engine serves in another dialect than the app's.
+
+    The relay sends ``upstream_body`` to ``upstream_route`` in ``upstream_dialect``, judges
+    the engine's own answer in that dialect (output checks, withholding, throughput samples
+    all read the upstream bytes), and sends the app only what ``whole``, ``feed`` and ``end``
+    write. A translator therefore never needs to be judged itself: a cut or degenerate
+    answer is seen before it is translated, whatever the app's dialect."""
+
+    #: the dialect the engine answers in, which the output judge reads
+    upstream_dialect: str
+    upstream_route: str
+    upstream_body: dict[str, Any]
+    #: the Content-Type of a translated stream as the app receives it
+    stream_content_type: bytes
+
+    def whole(self, status: int, raw: bytes) -> bytes:
+        """A complete (non-streamed, or error) answer, in the app's dialect."""
+        ...
+
+    def feed(self, chunk: bytes) -> Iterable[bytes]:
+        """Upstream stream bytes in; the app's stream bytes out (maybe none yet)."""
+        ...
+
+    def end(self) -> Iterable[bytes]:
+        """The upstream stream ended: what the app's stream still needs (nothing when cut)."""
+        ...
+
+
+def translator_for(route: str, dialect: str, body: dict[str, Any], stream: bool,
+                   engine_dialects: Iterable[str]) -> Translator | None:
+    """The translator an engine speaking ``engine_dialects`` needs for this request, or None
+    when it speaks the request's own dialect."""
+    dialects = frozenset(engine_dialects)
+    if dialect in dialects:
+        return None
+    if dialect == NATIVE and OPENAI in dialects:
+        return NativeToOpenAI(route, body, stream)
+    raise ValueError(f"no translation from {dialect} to {', '.join(sorted(dialects))}")
+
+
+def judged_dialect(dialect: str, translator: Translator | None) -> str:
+    """The dialect the output judge reads: the engine's own, never what the app is sent."""
+    return translator.upstream_dialect if translator is not None else dialect
+
+
 class NativeToOpenAI:
     """One translated exchange: built from the native request, then fed the answer."""
+
+    upstream_dialect = OPENAI
+    stream_content_type = b"application/x-ndjson"
 
     def __init__(self, route: str, body: dict[str, Any], stream: bool):
         self.route = route

@@ -20,7 +20,6 @@ import aiohttp
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from hubpool_core.engine import OPENAI
 from hubpool_core.models_ids import fold_model_id
 from hubpool_core.proxy.attempt import Failed, send_attempt, transport_code
 from hubpool_core.proxy.failover import exhausted, fails_over, passed_over
@@ -29,6 +28,7 @@ from hubpool_core.proxy.judge import clean, output_fault, read_whole, sample, un
 from hubpool_core.proxy.output_check import COMPLETION_ROUTES, judge_whole
 from hubpool_core.proxy.plan import STREAM_TYPES, RelayPlan
 from hubpool_core.proxy.pump import commit
+from hubpool_core.proxy.translate import judged_dialect
 from hubpool_core.proxy.verdicts import Verdict, read_verdict, send_verdict, settle_at_end, settle_verdict
 
 log = logging.getLogger("hubpool.relay")
@@ -137,8 +137,7 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
             streamed = any(t in upstream.headers.get("Content-Type", "") for t in STREAM_TYPES)
             if judged and status == 200 and not streamed:
                 held = await read_whole(upstream, hangup)
-                dialect = OPENAI if translator else plan.dialect
-                fault = judge_whole(dialect, held) if held is not None else None
+                fault = judge_whole(judged_dialect(plan.dialect, translator), held) if held is not None else None
                 if fault is not None:
                     output_fault(node, plan.model, cand, fault)
                     if not last:
