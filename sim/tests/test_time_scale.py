@@ -49,11 +49,11 @@ def test_counters_flush_and_estimate():
         assert sim.stats()["cached_tokens"] >= 990
         # one request holds the only slot: a second one waits for it to end
         worker = threading.Thread(target=lambda: httpx.post(
-            sim.url + "/v1/chat/completions", json=chat("y" * 40000, max_tokens=40), timeout=20))
+            sim.url + "/v1/chat/completions", json=chat("y" * 120000, max_tokens=40), timeout=30))
         worker.start()
         assert wait_until(lambda: sim.stats()["in_flight"] == 1)
         behind = httpx.post(sim.url + "/_sim/estimate", json=chat(PROMPT)).json()["firstTokenMs"]
-        assert behind > 4000  # ~10 s of prefill and 4 s of decode ahead of it, minus what has run
+        assert behind > 4000  # ~30 s of prefill and 4 s of decode ahead of it, minus what has run
         worker.join()
         flushed = httpx.post(sim.url + "/_sim/flush").json()
         assert flushed["in_flight"] == 0
