@@ -56,6 +56,9 @@ class EnvSettings(BaseSettings):
     # of a second or two, below what the persisted setting (10 s) and the 15 s floor allow
     dev_health_poll_seconds: str | None = _alias("HUB_POOL_DEV_HEALTH_POLL_SECONDS")
     dev_first_byte_floor_ms: str | None = _alias("HUB_POOL_DEV_FIRST_BYTE_FLOOR_MS")
+    # ... and nodes whose clocks disagree: shifts the clock this node signs peer requests by and
+    # judges theirs against (milliseconds, ±1 day; negative lags behind)
+    dev_clock_offset_ms: str | None = _alias("HUB_POOL_DEV_CLOCK_OFFSET_MS")
     # read per request by placement (see env_flag_off); listed here so every name is in one place
     throughput_placement: str | None = _alias("HUB_POOL_THROUGHPUT_PLACEMENT")
     contention_placement: str | None = _alias("HUB_POOL_CONTENTION_PLACEMENT")

@@ -23,7 +23,7 @@ from hubpool_core.peering.signing import (
     NODE_HEADER,
     NONCE_HEADER,
     PEER_HEADER,
-    PEER_NONCE_CACHE_MAX,
+    PEER_NONCE_BUDGET,
     PEER_SIGNATURE_SKEW_MS,
     POOL_MESSAGE_PREAMBLE,
     RECIPIENT_HEADER,
@@ -388,12 +388,15 @@ def test_replay_is_refused_per_sender():
     assert verify(theirs, nonces=nonces, spki=spki_from_verify_key(other.verify_key)).ok
 
 
-def test_nonce_is_remembered_before_the_curve_check():
+def test_a_nonce_is_spent_only_after_the_curve_check():
+    # issue 16 item 14: the reference spends the nonce first, so a forgery under a known UUID
+    # burned a genuine nonce (and a flood of them filled the one cache for every peer)
     nonces = NonceCache()
     headers = signed(nonce=NONCE)
     forged = {**headers, SIGNATURE_HEADER: "v1.ed25519." + "A" * 86}
     assert verify(forged, nonces=nonces).reason == "bad_signature"
-    # The forged attempt spent the nonce: the genuine request with it is now a replay.
+    assert len(nonces) == 0
+    assert verify(headers, nonces=nonces).ok
     assert verify(headers, nonces=nonces).reason == "replayed"
     assert len(nonces) == 1
 
@@ -402,21 +405,23 @@ def test_nonce_key_and_expiry():
     nonces = NonceCache()
     assert verify(signed(nonce=NONCE), nonces=nonces, now=TS + 5).ok
     # + 1: the window admits ts + 300 000 itself, so the nonce must outlive that ms (issue 9)
-    assert nonces._seen == {f"{SENDER}:{NONCE}": TS + PEER_SIGNATURE_SKEW_MS + 1}
+    assert nonces.entries(TS) == {SENDER: {NONCE: TS + PEER_SIGNATURE_SKEW_MS + 1}}
 
 
-def test_full_cache_fails_closed_and_prunes_expired_first():
-    nonces = NonceCache(max_entries=3)
+def test_a_full_budget_fails_closed_prunes_expired_first_and_is_per_sender():
+    nonces = NonceCache(budget=3)
     for i in range(3):
-        assert nonces.remember(f"s:{i}", expires_at_ms=TS + 100 * (i + 1), now_ms=TS) is None
+        assert nonces.remember(SENDER, f"n{i}", expires_at_ms=TS + 100 * (i + 1), now_ms=TS) is None
     # Full of live entries: refuse, never evict.
-    assert nonces.remember("s:new", TS + 1000, now_ms=TS) == "nonce_cache_full"
+    assert nonces.remember(SENDER, "new", TS + 1000, now_ms=TS) == "nonce_cache_full"
     assert verify(signed(), nonces=nonces).reason == "nonce_cache_full"
-    assert set(nonces._seen) == {"s:0", "s:1", "s:2"}
+    assert set(nonces.entries(TS)[SENDER]) == {"n0", "n1", "n2"}
+    # another sender's budget is its own
+    assert nonces.remember("another-sender", "n0", TS + 1000, now_ms=TS) is None
     # At now == expiresAt an entry is expired (<=), so exactly one slot frees up.
-    assert nonces.remember("s:new", TS + 1000, now_ms=TS + 100) is None
-    assert set(nonces._seen) == {"s:1", "s:2", "s:new"}
-    assert nonces.remember("s:1", TS + 1000, now_ms=TS + 100) == "replayed"
+    assert nonces.remember(SENDER, "new", TS + 1000, now_ms=TS + 100) is None
+    assert set(nonces.entries(TS)[SENDER]) == {"n1", "n2", "new"}
+    assert nonces.remember(SENDER, "n1", TS + 1000, now_ms=TS + 100) == "replayed"
 
 
 def test_an_empty_cache_is_still_truthy():
@@ -426,13 +431,14 @@ def test_an_empty_cache_is_still_truthy():
 def test_sweep_drops_expired_entries():
     ticks = [TS]
     nonces = NonceCache(clock=lambda: ticks[0])
-    nonces.remember("a", TS + 10)
-    nonces.remember("b", TS + 20)
+    nonces.remember(SENDER, "a", TS + 10)
+    nonces.remember(SENDER, "b", TS + 20)
     assert nonces.sweep(TS + 9) == 0
     assert nonces.sweep(TS + 10) == 1 and len(nonces) == 1
     ticks[0] = TS + 20
     assert nonces.sweep() == 1 and len(nonces) == 0
-    assert PEER_NONCE_CACHE_MAX == NonceCache().max_entries == 10_000
+    # 500 signed requests a second from one sender, for the longest a nonce can live
+    assert PEER_NONCE_BUDGET == NonceCache().budget == 500 * 602
 
 
 @pytest.mark.parametrize("drop", [NODE_HEADER, PEER_HEADER, TIMESTAMP_HEADER, NONCE_HEADER, SIGNATURE_HEADER])
@@ -448,7 +454,7 @@ def test_reason_order_and_codes():
     good = signed(nonce=NONCE)
     assert verify({**good, PEER_HEADER: "100.64.0.1"}).reason == "bad_peer_fqdn"
     assert verify({**good, SIGNATURE_HEADER: "ed25519." + SIGNATURE}).reason == "bad_signature_encoding"
-    # The prefix is checked before the timestamp, the timestamp before the nonce cache.
+    # The prefix is checked before the timestamp, the timestamp before the signature.
     assert verify({**good, SIGNATURE_HEADER: "x", TIMESTAMP_HEADER: "soon"}).reason == "bad_signature_encoding"
     for bad in ["soon", "1.5", "NaN", "Infinity", "0x", "1_700_000_000_000", "--1"]:
         assert verify({**good, TIMESTAMP_HEADER: bad}).reason == "bad_timestamp", bad

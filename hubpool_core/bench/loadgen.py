@@ -9,7 +9,9 @@ most runs measure) and answers one JSON line on stdout for each JSON line of wor
 ``c`` workers share one aiohttp session per target (keep-alive, as an app's SDK does) and
 issue ``n`` requests in all, closed-loop. Time to first byte is the first body chunk, not
 the headers. With ``capture`` the raw body of the first answer is returned (base64) for
-the byte-transparency check.
+the byte-transparency check. With ``sign`` (``{"pkcs8", "uuid", "fqdn", "recipient", "path"}``)
+every request carries a fresh peer signature, made here as a paired node's own client would:
+the load is then signed forwards to ``/local/*``, each with a new nonce.
 
 Run: ``python -m hubpool_core.bench.loadgen`` (driven by :mod:`hubpool_core.bench.relay`).
 """
@@ -27,6 +29,7 @@ from typing import Any
 import aiohttp
 
 from hubpool_core.bench.stub_engine import run_fast
+from hubpool_core.peering.signing import sign_headers, signing_key_from_pkcs8
 
 
 def percentile(sorted_values: list[float], q: float) -> float | None:
@@ -64,6 +67,15 @@ class LoadGen:
         errors: list[str] = []
         captured: list[bytes] = []
         served_by: set[str] = set()
+        statuses: dict[str, int] = {}
+        signer = job.get("sign")
+        key = signing_key_from_pkcs8(signer["pkcs8"]) if signer else None
+
+        def request_headers() -> dict[str, str]:
+            if not signer:
+                return headers
+            return {**headers, **sign_headers(key, "POST", signer["path"], signer["uuid"], signer["fqdn"],
+                                              signer["recipient"], None)}
 
         async def worker() -> None:
             nonlocal issued
@@ -71,7 +83,7 @@ class LoadGen:
                 issued += 1
                 t0 = time.perf_counter()
                 try:
-                    async with session.post(url, data=payload, headers=headers) as resp:
+                    async with session.post(url, data=payload, headers=request_headers()) as resp:
                         first = await resp.content.readany()
                         t1 = time.perf_counter()
                         parts = [first]
@@ -82,6 +94,7 @@ class LoadGen:
                             parts.append(chunk)
                         t2 = time.perf_counter()
                         if resp.status != 200:
+                            statuses[str(resp.status)] = statuses.get(str(resp.status), 0) + 1
                             if len(errors) < 5:
                                 errors.append(f"HTTP {resp.status}: {b''.join(parts)[:200]!r}")
                             rows.append((t1 - t0, t2 - t0, False))
@@ -108,7 +121,7 @@ class LoadGen:
         out: dict[str, Any] = {
             "done": len(rows), "ok": len(good), "failed": len(rows) - len(good), "errors": errors,
             "wall_s": round(wall, 4), "rps": round(len(good) / wall, 2) if wall > 0 else 0.0,
-            "servedBy": sorted(served_by),
+            "servedBy": sorted(served_by), "statuses": statuses,
             "client_cpu_s": round(usage1.ru_utime - usage0.ru_utime + usage1.ru_stime - usage0.ru_stime, 4),
         }
         for name, values in (("ttfb", ttfb), ("total", total)):

@@ -75,9 +75,10 @@ class LoadDriver(procs.JsonLineProcess):
         super().__init__(started, "loadgen", "hubpool_core.bench.loadgen")
 
     def run(self, url: str, body: dict[str, Any], c: int, n: int, deadline_s: float,
-            capture: bool = False, headers: dict[str, str] | None = None) -> dict[str, Any]:
+            capture: bool = False, headers: dict[str, str] | None = None,
+            sign: dict[str, str] | None = None) -> dict[str, Any]:
         job = {"url": url, "body": body, "c": c, "n": n, "deadline_s": deadline_s, "capture": capture,
-               "headers": headers or {}}
+               "headers": headers or {}, "sign": sign}
         return self.ask(job)
 
 
@@ -302,6 +303,20 @@ def judge_goals(report: Report, targets: dict[str, Target]) -> None:
                   f"1 hop +{_fmt(one, ' ms')}, 2 hops +{_fmt(two, ' ms')}",
                   _judge(None if why or one is None or two is None else two <= 2 * max(one, 0.05)), why or ""))
 
+    signed = report.extra.get("signedForwards")
+    what = (f"signed forwards into one node, sustained: ≥ {SIGNED_RATE_GOAL} requests/s with nothing refused, past "
+            f"the {REFERENCE_NONCE_CACHE:,} nonces that capped the reference")
+    if not signed:
+        g.append(goal("S1", what, "n/a", SKIP, "needs two nodes (not run with --gate)"))
+    else:
+        refused = signed["refused"]
+        note = "" if refused or signed["rps"] >= SIGNED_RATE_GOAL else \
+            "nothing refused: the rate is what this box's CPU allowed (one 2-core box runs both nodes and the load)"
+        g.append(goal("S1", what, f"{_fmt(signed['rps'], ' req/s', 0)} over {signed['ok']:,} requests "
+                                  f"({signed['wallS']:.1f} s), {refused} refused {signed['statuses'] or ''}".rstrip(),
+                      _judge(signed["ok"] > REFERENCE_NONCE_CACHE and refused == 0
+                             and signed["rps"] >= SIGNED_RATE_GOAL), note))
+
     lite = report.extra.get("litellm")
     if lite is None:
         g.append(goal("LiteLLM", "at least 25× less CPU per request than LiteLLM in the same run", "n/a", SKIP,
@@ -347,6 +362,44 @@ def judge_gate(report: Report, targets: dict[str, Target]) -> None:
                       f"{_fmt(thr, '', 3)} of direct", _judge(None if thr is None else thr >= bound)))
     failed = sum(r.result.get("failed", 0) for r in report.runs)
     g.append(goal("gate-errors", "every request answered 200", f"{failed} failed", _judge(failed == 0)))
+
+
+#: S1: the signed-forward rate one node must accept (issue 16), and the size of the one nonce
+#: cache that held the reference to ~33/s; a run must send more than it to mean anything
+SIGNED_RATE_GOAL = 500
+REFERENCE_NONCE_CACHE = 10_000
+LOCAL_CHAT = "/api/inference/pool/local/v1/chat/completions"
+
+
+def _signed_forwards(entry: procs.BenchNode, serving: procs.BenchNode, driver: LoadDriver, n: int,
+                     cap: float) -> dict[str, Any]:
+    """``n`` forwards signed with ``entry``'s own key (read from its data directory, as its
+    relay would sign them), sent straight to ``serving``'s ``/local/*`` by 32 clients."""
+    from hubpool_core.config import EnvSettings
+    from hubpool_core.peering.identity import IdentityStore, node_secret_path
+    from hubpool_core.peering.signing import pkcs8_from_signing_key
+    from hubpool_core.store import Database
+
+    env = EnvSettings.from_environ({"HUB_POOL_DATA_DIR": str(entry.data_dir)})
+    db = Database(env.resolved_database_url())
+    try:
+        keypair = IdentityStore(db, node_secret_path(entry.data_dir)).get()
+    finally:
+        db.dispose()
+    if keypair is None or keypair.signing_key is None:
+        raise RuntimeError(f"{entry.name} has no identity to sign with")
+    status = serving.op("GET", "/status")
+    kind = next(b["type"] for b in status["localNode"]["backends"] if b["healthy"])
+    sign = {"pkcs8": pkcs8_from_signing_key(keypair.signing_key), "uuid": keypair.node_uuid,
+            "fqdn": procs.fqdn(entry.name), "recipient": status["localNode"]["identity"]["nodeUuid"],
+            "path": LOCAL_CHAT}
+    body = Scenario("signed", FAST, False, 32, n).body()
+    result = driver.run(serving.url + LOCAL_CHAT, body, 32, n, max(cap, 120),
+                        headers={"X-Hub-Pool-Backend": kind, "X-Hub-Pool-Model": FAST}, sign=sign)
+    if "error" in result:
+        raise RuntimeError(f"load generator: {result['error']}")
+    return {"rps": result["rps"], "ok": result["ok"], "refused": result["failed"], "wallS": result["wall_s"],
+            "statuses": result.get("statuses") or {}, "errors": result["errors"]}
 
 
 def _engine_choice() -> tuple[str, list[str]]:
@@ -500,6 +553,11 @@ def run_bench(*, quick: bool = False, gate: bool = False, rounds: int | None = N
                 for name in this:
                     progress(f"{scenario.name} round {rnd + 1}/{rounds}: {name}")
                     report.runs.append(one(targets[name], scenario, rnd))
+        if two_hops:
+            n = 12_000 if quick else 20_000
+            progress(f"{n:,} signed forwards into the serving node")
+            report.extra["signedForwards"] = _signed_forwards(nodes["bench-a"], nodes["bench-b"], driver, n,
+                                                              per_run_cap)
         if not gate:
             progress("filling the routing log to 10,000 rows")
             report.extra["memory"] = _memory(nodes["bench-b"], driver, targets["hubpool-1hop"], per_run_cap)

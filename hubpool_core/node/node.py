@@ -19,10 +19,10 @@ from hubpool_core.node.heap_trim import HeapTrimmer
 from hubpool_core.peering.client import PeerClient
 from hubpool_core.peering.health import HealthPoller
 from hubpool_core.peering.identity import IdentityStore, node_secret_path
+from hubpool_core.peering.nonce_file import load_nonce_cache, nonce_file_path, save_nonce_cache
 from hubpool_core.peering.pairing import Pairing
 from hubpool_core.peering.pairing_pin import PairingPin, SourceCooldown
 from hubpool_core.peering.peers import PeerRepo
-from hubpool_core.peering.signing import NonceCache
 from hubpool_core.peering.tailnet import Tailnet, peer_url_overrides
 from hubpool_core.placement import TIER_RANK, Load
 from hubpool_core.placement.handout import effective_ceiling
@@ -99,10 +99,14 @@ class Node:
         # pairing and identity
         self.identity = IdentityStore(self.db, node_secret_path(env.data_dir))
         self.peers = PeerRepo(self.db)
-        # A restart empties the nonce cache, so a request accepted before it could be replayed
-        # until its window closed: with peers already pinned at boot, anything signed before
-        # this moment is refused instead (docs/reliability.md, replay across a restart).
-        self.nonces = NonceCache(not_before_ms=time.time_ns() // 1_000_000 if self.peers.all() else None)
+        #: HUB_POOL_DEV_CLOCK_OFFSET_MS: test rigs run nodes whose clocks disagree (0 in production)
+        self.clock_offset_ms = env_int(env.dev_clock_offset_ms, minimum=-86_400_000, maximum=86_400_000) or 0
+        # What the last process of this node spent survives a restart, so neither a replay
+        # reopens nor a peer whose clock lags is locked out (peering/nonce_file.py)
+        self.nonce_file = nonce_file_path(env.data_dir)
+        self.nonces = load_nonce_cache(self.nonce_file, peers_exist=bool(self.peers.all()),
+                                       clock_offset_ms=self.clock_offset_ms)
+        save_nonce_cache(self.nonces, self.nonce_file, clean=False)  # a crash from here on is not clean
         self.pairing_pin = PairingPin()
         self.pin_cooldown = SourceCooldown()
         self.directories = _instances(self.plugins.directories, env, "directory")
@@ -124,7 +128,8 @@ class Node:
         for name in self.peers.expire_pending():
             log.info("pairing request with %s expired after 24 hours", name)
         self.pairing_pin.sweep(now_ms)
-        self.nonces.sweep(now_ms)
+        self.nonces.sweep()
+        save_nonce_cache(self.nonces, self.nonce_file, clean=False)  # the peers' clock offsets
         for row in self.peers.all():
             seen = self.identity.take_observed_peer_fqdn(row.id)
             if seen and seen != row.node_fqdn:
@@ -230,6 +235,8 @@ class Node:
     async def stop(self) -> None:
         await self.health.stop()
         await self.residency_sampler.stop()
+        # the server has stopped admitting requests: what was spent is complete
+        await asyncio.to_thread(save_nonce_cache, self.nonces, self.nonce_file, clean=True)
         await self.pressure.stop()
         await self.containers.stop()
         await self.heap.stop()

@@ -2,6 +2,7 @@
 
 - ``identity.py``: this node's UUID and Ed25519 keypair, sealed at rest.
 - ``signing.py``: the signed-request format, verification and the nonce cache.
+- ``nonce_file.py``: the nonce cache across restarts (what one process hands the next).
 - ``pairing.py``: the handshake (request, confirm, reject, unpair, upgrade) and rotation.
 - ``pairing_pin.py``: the pairing PIN and the per-source cooldown in front of it.
 - ``guard.py``: admitting a peer's request (signature preferred, legacy bearer).

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 
 from hubpool_core.peering.peers import aware, open_token
-from hubpool_core.peering.signing import sign_headers
+from hubpool_core.peering.signing import clock_ms, sign_headers
 from hubpool_core.store import PoolPeer
 
 log = logging.getLogger("hubpool.peers")
@@ -62,7 +62,8 @@ class PeerClient:
         self_fqdn = await self.node.tailnet.self_fqdn()
         if (not bearer_only and identity is not None and identity.signing_key is not None and row.peer_node_uuid
                 and row.peer_public_key and not self._holding_back(row, prefer_signed)):
-            return sign_headers(identity, method, path, identity.node_uuid, self_fqdn, row.peer_node_uuid, body)
+            return sign_headers(identity, method, path, identity.node_uuid, self_fqdn, row.peer_node_uuid, body,
+                                now_ms=clock_ms(self.node.clock_offset_ms))
         if self.node.settings.current.poolRequireSignedPeers:
             raise PeerAuthError(403, f"This node requires signed pool peers and cannot yet sign requests to "
                                      f"{row.node_fqdn}")

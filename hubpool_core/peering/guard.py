@@ -15,6 +15,7 @@ from hubpool_core.peering.peers import tokens_match, utcnow
 from hubpool_core.peering.signing import (
     REFUSAL_HEADER,
     REFUSAL_IDENTITY_MISMATCH,
+    clock_ms,
     normalize_peer_fqdn,
     recipient_mismatch,
     verify_headers,
@@ -27,6 +28,7 @@ INVALID = "Invalid pool peer credentials"
 MISSING = "Missing pool peer credentials"
 UNKNOWN = "Unknown pool peer"
 BAD_TOKEN = "Invalid pool peer token"
+NOT_YET = "This node restarted and cannot yet judge a request signed before it started; retry in a moment"
 
 
 class PeerRefused(Exception):
@@ -82,7 +84,13 @@ def _admit_signed(node: Any, method: str, path: str, headers: dict[str, str], bo
     if claimed is None:
         raise PeerRefused(INVALID)
     verdict = verify_headers(headers, method, path, body, sender_public_key_b64=row.peer_public_key,
-                             recipient_uuid=identity.node_uuid, nonces=node.nonces)
+                             recipient_uuid=identity.node_uuid, nonces=node.nonces,
+                             now_ms=clock_ms(node.clock_offset_ms))
+    if verdict.reason == "before_start":
+        # genuinely signed, only signed before this node could know what it had spent: no
+        # credential failure (the health tick reads a 503 as a strike, never a back-off)
+        log.info("deferred a signed request from %s made before this node started", claimed)
+        raise PeerRefused(NOT_YET, {"Retry-After": "5"}, status=503)
     if not verdict.ok:
         log.info("refused a signed request claiming %s: %s", claimed, verdict.reason)
         raise PeerRefused(INVALID)

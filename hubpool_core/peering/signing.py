@@ -14,7 +14,8 @@ function here reproduces a JavaScript behaviour exactly, not approximately:
 Nothing here knows about HTTP frameworks, the database or the clock beyond an injectable
 ``now_ms``: the guard and the outbound client wire it in. Every verification failure carries a
 reason code for logs and tests, but callers must answer all of them with the same 401
-(``Invalid pool peer credentials``) — naming the failed check is an oracle (§2e).
+(``Invalid pool peer credentials``) — naming the failed check is an oracle (§2e) — except
+``before_start``, which only a correctly signed request can reach (see :class:`Verdict`).
 """
 
 from __future__ import annotations
@@ -41,9 +42,10 @@ __all__ = [
     "NODE_HEADER",
     "NONCE_HEADER",
     "PEER_HEADER",
-    "PEER_NONCE_CACHE_MAX",
+    "PEER_NONCE_BUDGET",
     "PEER_NONCE_SWEEP_MS",
     "PEER_SIGNATURE_SKEW_MS",
+    "PEER_SUSTAINED_SIGNED_RATE",
     "POOL_MESSAGE_PREAMBLE",
     "POOL_SIGNATURE_PREFIX",
     "RECIPIENT_HEADER",
@@ -57,6 +59,7 @@ __all__ = [
     "body_hash",
     "build_message",
     "canonical_json",
+    "clock_ms",
     "js_number_to_string",
     "new_nonce",
     "normalize_path",
@@ -83,8 +86,13 @@ UNSIGNED_BODY_MARKER = "-"
 POOL_SIGNATURE_PREFIX = "v1.ed25519."
 #: Accepted clock skew, inclusive: exactly ±300 000 ms passes, 300 001 ms fails (§8.3).
 PEER_SIGNATURE_SKEW_MS = 300_000
-#: Nonce cache ceiling (§2e). At the skew window that is ~33 signed requests/s sustained.
-PEER_NONCE_CACHE_MAX = 10_000
+#: The signed-request rate one peer may sustain into a node with nothing refused. The
+#: reference's single 10 000-entry cache held all peers together to ~33/s (§2e).
+PEER_SUSTAINED_SIGNED_RATE = 500
+#: Live nonces each sender may hold: its sustained rate over the longest a nonce can live
+#: (a sender whose clock leads by the whole skew signs ``ts = now + 300 s``, kept to
+#: ``ts + 300 001``), plus two seconds of slack. Only verified requests spend one.
+PEER_NONCE_BUDGET = PEER_SUSTAINED_SIGNED_RATE * (2 * PEER_SIGNATURE_SKEW_MS // 1000 + 2)
 #: Suggested cadence for a background :meth:`NonceCache.sweep`; pruning on insert is enough alone.
 PEER_NONCE_SWEEP_MS = 30_000
 
@@ -522,6 +530,13 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def clock_ms(offset_ms: int = 0) -> int:
+    """The pool's clock: unix milliseconds, shifted by ``offset_ms``. A node passes its
+    ``HUB_POOL_DEV_CLOCK_OFFSET_MS`` (0 in production) so test rigs can run nodes whose clocks
+    disagree; it reads :func:`_now_ms` at call time, so a test that freezes that sees it here."""
+    return _now_ms() + offset_ms
+
+
 def sign_headers(
     keypair: Any,
     method: str,
@@ -570,69 +585,190 @@ def sign_headers(
 # ── Nonce cache ──────────────────────────────────────────────────────────────
 
 
+class _SenderNonces:
+    """One sender's spent nonces (``nonce -> expires_at_ms``), its budget's bookkeeping and
+    the clock offset its accepted requests showed (for the restart rule, see :class:`NonceCache`)."""
+
+    __slots__ = ("seen", "earliest", "lag_ms", "prev_lag_ms", "known_lag_ms", "not_before_ms")
+
+    def __init__(self) -> None:
+        self.seen: dict[str, int] = {}
+        # Earliest expiry held: a full budget under a flood answers "still full" without
+        # scanning every live entry per refused request.
+        self.earliest: int | None = None
+        #: smallest ``receipt − timestamp`` seen since the last :meth:`NonceCache.take_lags`,
+        #: and in the period before it; the last value handed out when both are empty
+        self.lag_ms: int | None = None
+        self.prev_lag_ms: int | None = None
+        self.known_lag_ms: int | None = None
+        #: this sender's restart watermark (None: the cache-wide one applies)
+        self.not_before_ms: int | None = None
+
+    def prune(self, now: int) -> int:
+        if self.earliest is None or self.earliest > now:
+            return 0
+        expired = [nonce for nonce, expires_at in self.seen.items() if expires_at <= now]
+        for nonce in expired:
+            del self.seen[nonce]
+        self.earliest = min(self.seen.values(), default=None)
+        return len(expired)
+
+
 class NonceCache:
-    """Bounded single-use memory of nonces seen inside the skew window (§2e "Nonce cache").
+    """Single-use memory of the nonces each paired peer has spent inside the skew window.
 
-    Keys are ``"<senderUuid>:<nonce>"`` — per sender, so nobody can "spend" another peer's
-    nonce by replaying it first. Each entry carries ``expires_at_ms`` (:func:`verify_headers` stores
-    ``ts + 300 001``, so the nonce outlives the last ms the window admits) and is expired once
-    ``expires_at_ms <= now``.
+    Partitioned by sender UUID, each sender with its own budget of ``budget`` live entries
+    (:data:`PEER_NONCE_BUDGET`): one peer, or someone replaying one peer's traffic, can only
+    ever exhaust its own budget, never another peer's. :func:`verify_headers` spends a nonce
+    only AFTER the signature verified, so a stranger who knows a peer's UUID cannot spend
+    anything at all (protocol.md §2e remembers before the curve check, which let junk nonces
+    fill the reference's one 10 000-entry cache and lock every peer out for five minutes).
 
-    Fails CLOSED: at ``max_entries`` it prunes expired entries and, if still full, refuses the
-    new nonce rather than evicting a live one — evicting is exactly what would reopen a replay.
-    A key already present is a replay even if its entry has expired but not yet been pruned.
+    Each entry expires at ``expires_at_ms`` (:func:`verify_headers` stores ``ts + 300 001``,
+    so a nonce outlives the last ms the window admits) and is dropped once that is ``<= now``.
+    A budget fails CLOSED: when full it prunes its expired entries and, if still full,
+    refuses the new nonce rather than evicting a live one — evicting would reopen a replay.
+
+    Restarts (docs/reliability.md): a node that starts without a complete record of what it
+    accepted before cannot judge a signature made before it started. ``not_before_ms`` (the
+    cache-wide watermark) and each sender's own watermark mark those; :meth:`admit` answers
+    ``before_start`` for them unless the nonce is known. :meth:`take_lags` and
+    :meth:`restore` carry a clean shutdown's nonces, and every sender's clock offset, from
+    one process to the next (``hubpool_core.peering.nonce_file``).
+
     Thread-safe. ``clock`` returns unix milliseconds and is used when a method gets no
-    ``now_ms``; inject a fake one in tests. Run :meth:`sweep` every
-    :data:`PEER_NONCE_SWEEP_MS` if memory after a burst matters; correctness does not need it.
+    ``now_ms``; inject a fake one in tests. :meth:`sweep` every :data:`PEER_NONCE_SWEEP_MS`
+    frees memory after a burst; correctness does not need it.
     """
 
-    def __init__(self, max_entries: int = PEER_NONCE_CACHE_MAX, clock: Callable[[], int] = _now_ms,
+    def __init__(self, budget: int = PEER_NONCE_BUDGET, clock: Callable[[], int] = _now_ms,
                  not_before_ms: int | None = None):
-        self.max_entries = max_entries
-        #: Timestamps before this were signed while the cache did not exist, so whether their
-        #: nonce was already spent is unknowable: :func:`verify_headers` refuses them
-        #: (``before_start``). The node sets it to its start time; None checks nothing.
+        #: live entries each sender may hold
+        self.budget = budget
+        #: Timestamps before this were signed while this cache did not exist, so whether their
+        #: nonce was already spent is unknowable: :meth:`admit` refuses them (``before_start``)
+        #: for every sender without a watermark of its own. None checks nothing.
         self.not_before_ms = not_before_ms
         self._clock = clock
-        self._seen: dict[str, int] = {}
-        # Earliest expiry held: a full cache under a flood answers "still full" without scanning
-        # 10 000 live entries per refused request (the scan made each junk nonce cost ~0.2 ms).
-        self._earliest: int | None = None
+        self._senders: dict[str, _SenderNonces] = {}
         self._lock = threading.Lock()
 
-    def remember(self, key: str, expires_at_ms: int, now_ms: int | None = None) -> str | None:
-        """Record ``key``. None when stored; ``"replayed"`` when already held;
-        ``"nonce_cache_full"`` when the cache is full of live entries."""
+    def _sender(self, sender: str) -> _SenderNonces:
+        entry = self._senders.get(sender)
+        if entry is None:
+            entry = self._senders[sender] = _SenderNonces()
+        return entry
+
+    def admit(self, sender: str, nonce: str, timestamp_ms: int, now_ms: int | None = None) -> str | None:
+        """Spend ``nonce`` for a request from ``sender`` signed at ``timestamp_ms`` (whose
+        signature has been verified). None when spent now; ``"replayed"`` when already spent;
+        ``"before_start"`` when it was signed before this cache could know (see the class);
+        ``"nonce_cache_full"`` when the sender's budget is full of live entries."""
         now = self._clock() if now_ms is None else now_ms
         with self._lock:
-            if key in self._seen:
+            entry = self._senders.get(sender)
+            if entry is not None and nonce in entry.seen:
                 return "replayed"
-            if len(self._seen) >= self.max_entries:
-                self._prune(now)
-                if len(self._seen) >= self.max_entries:
-                    return "nonce_cache_full"
-            self._seen[key] = expires_at_ms
-            if self._earliest is None or expires_at_ms < self._earliest:
-                self._earliest = expires_at_ms
-            return None
+            watermark = entry.not_before_ms if entry is not None and entry.not_before_ms is not None \
+                else self.not_before_ms
+            if watermark is not None and timestamp_ms < watermark:
+                return "before_start"
+            refused = self._store(sender, nonce, timestamp_ms + PEER_SIGNATURE_SKEW_MS + 1, now)
+            if refused is None:
+                entry = self._senders[sender]
+                lag = now - timestamp_ms
+                if entry.lag_ms is None or lag < entry.lag_ms:
+                    entry.lag_ms = lag
+            return refused
+
+    def remember(self, sender: str, nonce: str, expires_at_ms: int, now_ms: int | None = None) -> str | None:
+        """Record ``nonce`` for ``sender`` with no watermark check. None when stored;
+        ``"replayed"`` when already held; ``"nonce_cache_full"`` when the budget is full."""
+        now = self._clock() if now_ms is None else now_ms
+        with self._lock:
+            entry = self._senders.get(sender)
+            if entry is not None and nonce in entry.seen:
+                return "replayed"
+            return self._store(sender, nonce, expires_at_ms, now)
+
+    def _store(self, sender: str, nonce: str, expires_at_ms: int, now: int) -> str | None:
+        entry = self._sender(sender)
+        if len(entry.seen) >= self.budget:
+            entry.prune(now)
+            if len(entry.seen) >= self.budget:
+                return "nonce_cache_full"
+        entry.seen[nonce] = expires_at_ms
+        if entry.earliest is None or expires_at_ms < entry.earliest:
+            entry.earliest = expires_at_ms
+        return None
 
     def sweep(self, now_ms: int | None = None) -> int:
         """Drop every entry with ``expires_at_ms <= now``; returns how many were dropped."""
         now = self._clock() if now_ms is None else now_ms
         with self._lock:
-            return self._prune(now)
+            dropped = sum(entry.prune(now) for entry in self._senders.values())
+            for sender in [s for s, e in self._senders.items() if not e.seen and e.known_lag_ms is None
+                           and e.lag_ms is None and e.prev_lag_ms is None and e.not_before_ms is None]:
+                del self._senders[sender]
+            return dropped
 
-    def _prune(self, now: int) -> int:
-        if self._earliest is None or self._earliest > now:
-            return 0
-        expired = [key for key, expires_at in self._seen.items() if expires_at <= now]
-        for key in expired:
-            del self._seen[key]
-        self._earliest = min(self._seen.values(), default=None)
-        return len(expired)
+    def held(self, sender: str) -> int:
+        """How many live-or-unswept nonces ``sender`` holds."""
+        with self._lock:
+            entry = self._senders.get(sender)
+            return len(entry.seen) if entry is not None else 0
+
+    def take_lags(self) -> dict[str, int]:
+        """Each sender's clock offset as this node saw it: the smallest ``receipt − timestamp``
+        over its accepted requests in this period and the one before (a sender that went
+        quiet keeps the last figure). Starts a new period. Positive: the sender's clock lags."""
+        with self._lock:
+            out: dict[str, int] = {}
+            for sender, entry in self._senders.items():
+                lags = [v for v in (entry.lag_ms, entry.prev_lag_ms) if v is not None]
+                if lags:
+                    entry.known_lag_ms = min(lags)
+                entry.prev_lag_ms, entry.lag_ms = entry.lag_ms, None
+                if entry.known_lag_ms is not None:
+                    out[sender] = entry.known_lag_ms
+            return out
+
+    def watermarks(self, now_ms: int | None = None) -> tuple[int | None, dict[str, int]]:
+        """The watermarks still in force: the cache-wide one and each sender's. One stops
+        mattering once everything signed before it has left the window (``now > W + 300 s``)."""
+        now = self._clock() if now_ms is None else now_ms
+
+        def live(value: int | None) -> int | None:
+            return value if value is not None and now <= value + PEER_SIGNATURE_SKEW_MS else None
+
+        with self._lock:
+            own = {sender: w for sender, entry in self._senders.items()
+                   if (w := live(entry.not_before_ms)) is not None}
+            return live(self.not_before_ms), own
+
+    def entries(self, now_ms: int | None = None) -> dict[str, dict[str, int]]:
+        """Every live nonce, per sender (what a clean shutdown writes down)."""
+        now = self._clock() if now_ms is None else now_ms
+        with self._lock:
+            return {sender: {n: e for n, e in entry.seen.items() if e > now}
+                    for sender, entry in self._senders.items() if entry.seen}
+
+    def restore(self, sender: str, nonces: Mapping[str, int], lag_ms: int | None,
+                not_before_ms: int | None, now_ms: int | None = None) -> None:
+        """Load what an earlier process of this node knew about ``sender``: its live nonces
+        (expired ones are skipped), its clock offset, and the watermark to judge it by."""
+        now = self._clock() if now_ms is None else now_ms
+        with self._lock:
+            entry = self._sender(sender)
+            for nonce, expires_at in nonces.items():
+                if expires_at > now and len(entry.seen) < self.budget:
+                    entry.seen[nonce] = expires_at
+            entry.earliest = min(entry.seen.values(), default=None)
+            entry.known_lag_ms = lag_ms
+            entry.not_before_ms = not_before_ms
 
     def __len__(self) -> int:
-        return len(self._seen)
+        return sum(len(entry.seen) for entry in self._senders.values())
 
     def __bool__(self) -> bool:
         # Always truthy: with __len__ alone an EMPTY cache is falsy, and `nonces or NonceCache()`
@@ -653,7 +789,9 @@ class Verdict:
     6). On failure ``reason`` is one of ``missing_headers``, ``bad_peer_fqdn``,
     ``bad_signature_encoding``, ``bad_timestamp``, ``expired``, ``before_start``, ``replayed``,
     ``nonce_cache_full`` or ``bad_signature`` — for logs and tests only; every one of them is the
-    same 401 ``Invalid pool peer credentials`` to the caller.
+    same 401 ``Invalid pool peer credentials`` to the caller, except ``before_start``: the
+    signature verified, only this node cannot tell yet whether it was already used, so the
+    guard answers a retryable 503 that no health tick counts as a credential failure.
     """
 
     ok: bool
@@ -725,12 +863,15 @@ def verify_headers(
     ``bad_peer_fqdn`` (``X-Hub-Pool-Peer`` does not normalise; guard step 4) →
     ``bad_signature_encoding`` (no ``v1.ed25519.`` prefix) → ``bad_timestamp`` (JavaScript
     ``Number(ts)`` not a finite integer) → ``expired`` (``|now − ts| > 300 000``) →
-    ``before_start`` (ts earlier than ``nonces.not_before_ms``: signed before a restart) →
-    ``replayed`` / ``nonce_cache_full`` (the nonce is remembered BEFORE the curve check, so a
-    flood never reaches it) → ``bad_signature_encoding`` (key or signature undecodable) →
-    ``bad_signature``. Line 7 of the rebuilt message is ``String(Number(ts))``, as in the
-    reference, so ``"1700000000000"`` and ``"1.7e12"`` sign the same line. Does not check
-    ``X-Hub-Pool-Recipient``; see :func:`recipient_mismatch`.
+    ``bad_signature_encoding`` (key or signature undecodable) → ``bad_signature`` →
+    ``replayed`` / ``before_start`` (signed before this node could know: a restart, see
+    :class:`NonceCache`) / ``nonce_cache_full`` (the sender's budget is full). The nonce is
+    spent only AFTER the curve check, and in the sender's own budget: the reference spends it
+    first, so junk nonces under a known UUID filled its one cache and refused every peer; an
+    Ed25519 verification costs tens of microseconds, a lockout five minutes. Line 7 of the
+    rebuilt message is ``String(Number(ts))``, as in the reference, so ``"1700000000000"`` and
+    ``"1.7e12"`` sign the same line. Does not check ``X-Hub-Pool-Recipient``; see
+    :func:`recipient_mismatch`.
     """
     view = _Headers(headers)
     sender_uuid = view.get(NODE_HEADER)
@@ -754,18 +895,6 @@ def verify_headers(
     if abs(now - timestamp_ms) > PEER_SIGNATURE_SKEW_MS:
         return Verdict(False, "expired")
 
-    not_before = getattr(nonces, "not_before_ms", None)
-    if not_before is not None and timestamp_ms < not_before:
-        # Signed before this cache existed (a restart emptied it): its nonce may have been spent
-        # already, and a replay of it would otherwise pass until ts + 300 s.
-        return Verdict(False, "before_start")
-
-    # Kept through ts + 300 000 inclusive: the window still admits a request at exactly that
-    # ms, so an entry that expired AT it (``<= now``) and got swept could be replayed then.
-    refused = nonces.remember(f"{sender_uuid}:{nonce}", timestamp_ms + PEER_SIGNATURE_SKEW_MS + 1, now)
-    if refused is not None:
-        return Verdict(False, refused)
-
     try:
         key = verify_key_from_spki(sender_public_key_b64)
         signature_bytes = _b64url_decode(signature[len(POOL_SIGNATURE_PREFIX):])
@@ -781,4 +910,9 @@ def verify_headers(
         # BadSignatureError is a CryptoError. A wrong-length signature is a plain "false" in
         # Node's verify, so it lands here too rather than under bad_signature_encoding.
         return Verdict(False, "bad_signature")
+    # Spent only now, in the sender's own budget, and kept through ts + 300 000 inclusive: the
+    # window still admits a request at exactly that ms (see NonceCache.admit).
+    refused = nonces.admit(sender_uuid, nonce, timestamp_ms, now)
+    if refused is not None:
+        return Verdict(False, refused, sender_uuid=sender_uuid, sender_fqdn=sender_fqdn)
     return Verdict(True, None, sender_uuid=sender_uuid, sender_fqdn=sender_fqdn)

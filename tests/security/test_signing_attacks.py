@@ -22,7 +22,7 @@ from hubpool_core.peering.signing import (
     NODE_HEADER,
     NONCE_HEADER,
     PEER_HEADER,
-    PEER_NONCE_CACHE_MAX,
+    PEER_NONCE_BUDGET,
     RECIPIENT_HEADER,
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
@@ -150,26 +150,32 @@ def test_a_nonce_is_retained_through_the_last_admitted_ms_even_when_swept():
     assert _verify(headers, TS + 300_001, nonces).reason == "expired"
 
 
-def test_a_flood_of_twice_the_capacity_never_evicts_a_live_nonce():
+def test_a_junk_flood_spends_nothing_and_a_full_budget_never_evicts_a_live_nonce():
     nonces = NonceCache()
     genuine = sign_headers(KEY, "GET", CAPS, SENDER, "hub-a.example-tailnet.ts.net", RECIPIENT, None, now_ms=TS)
     assert _verify(genuine, TS, nonces).ok
     forged = dict(genuine)
     outcomes: dict[str | None, int] = {}
     started = time.perf_counter()
-    for i in range(2 * PEER_NONCE_CACHE_MAX):
+    for i in range(10_001):  # more than the reference's whole cache
         forged[NONCE_HEADER] = f"flood{i:017d}"
         reason = _verify(forged, TS + 1, nonces).reason
         outcomes[reason] = outcomes.get(reason, 0) + 1
     elapsed = time.perf_counter() - started
-    print(f"flood: {2 * PEER_NONCE_CACHE_MAX} verifications in {elapsed:.2f} s, outcomes {outcomes}")
-    # fills to capacity (each forged nonce is spent before the curve check), then fails closed
-    assert outcomes == {"bad_signature": PEER_NONCE_CACHE_MAX - 1, "nonce_cache_full": PEER_NONCE_CACHE_MAX + 1}
-    assert len(nonces) == PEER_NONCE_CACHE_MAX
+    print(f"flood: 10001 verifications in {elapsed:.2f} s, outcomes {outcomes}")
+    # verified before anything is spent: junk never reaches the cache (issue 16 item 14)
+    assert outcomes == {"bad_signature": 10_001} and len(nonces) == 1
     assert _verify(genuine, TS + 2, nonces).reason == "replayed"
-    # a full cache refuses without rescanning itself per request (it used to cost ~0.2 ms each)
     assert elapsed < 20, elapsed
-    assert nonces.sweep(TS + 300_001) == PEER_NONCE_CACHE_MAX
+    # a sender that really signs can only fill its own budget, which then fails closed
+    small = NonceCache(budget=50)
+    own = [sign_headers(KEY, "GET", CAPS, SENDER, "hub-a.example-tailnet.ts.net", RECIPIENT, None, now_ms=TS)
+           for _ in range(51)]
+    assert [_verify(h, TS, small).reason for h in own] == [None] * 50 + ["nonce_cache_full"]
+    assert _verify(own[0], TS, small).reason == "replayed"  # never evicted
+    assert small.remember("another-sender", "n", TS + 300_001, TS) is None  # others keep their budget
+    assert small.sweep(TS + 300_001) == 51 and len(small) == 0
+    assert PEER_NONCE_BUDGET >= 500 * 600  # 500 signed requests a second, whatever the sender's clock
 
 
 def test_a_cache_born_after_a_restart_refuses_what_was_signed_before_it():
@@ -327,27 +333,72 @@ def test_replay_to_another_node_is_refused(pool):
     assert send(c, {k: v for k, v in h.items() if k != RECIPIENT_HEADER}).status_code == 401
 
 
-def test_replay_after_flooding_twice_the_capacity_over_http(pool):
-    a, b = pool["hub-a"], pool["hub-b"]
+def test_a_junk_nonce_flood_under_a_known_uuid_never_blocks_signed_traffic(pool):
+    """Issue 16 item 14: more junk nonces under hub-a's (public) UUID than the reference's whole
+    10 000-entry cache, sent while hub-a and hub-c keep signing: every junk request is refused,
+    nothing junk is remembered, and every genuine request of either peer is admitted."""
+    a, b, c = pool["hub-a"], pool["hub-b"], pool["hub-c"]
+    held = len(b.node.nonces)
+    junk, genuine = 10_500, []
+
+    async def flood() -> list[int]:
+        import aiohttp
+
+        codes: list[int] = []
+        async with aiohttp.ClientSession() as session:
+            async def one(headers):
+                async with session.get(b.url + CAPS, headers=headers) as r:
+                    await r.read()
+                    return r.status
+
+            template = sign(a, b)  # a real signature of hub-a's; under any other nonce it is junk
+            for start in range(0, junk, 500):
+                forged = [{**template, NONCE_HEADER: f"junk{i:018d}"} for i in range(start, min(junk, start + 500))]
+                codes += await asyncio.gather(*(one(h) for h in forged))
+                for sender in (a, c):  # the peers' own traffic, in the middle of the flood
+                    genuine.append(await one(sign(sender, b)))
+                if genuine[-2:] != [200, 200]:
+                    break  # locked out: no need to flood further to know
+        return codes
+
+    import asyncio
+
+    started = time.perf_counter()
+    codes = asyncio.run(flood())
+    elapsed = time.perf_counter() - started
+    print(f"nonce flood: {junk} junk requests in {elapsed:.1f} s, {codes.count(401)} refused; "
+          f"{genuine.count(200)}/{len(genuine)} genuine admitted")
+    assert genuine == [200] * len(genuine) and len(genuine) == 2 * 21, genuine
+    assert codes == [401] * junk
+    spent = b.node.nonces.entries()
+    assert not [n for nonces in spent.values() for n in nonces if n.startswith("junk")]  # junk is never spent
+    assert len(b.node.nonces) >= held + len(genuine)
+
+
+def test_a_peer_that_exhausts_its_own_budget_blocks_only_itself(pool):
+    a, b, c = pool["hub-a"], pool["hub-b"], pool["hub-c"]
     cache = b.node.nonces
-    saved = cache.max_entries
-    room = 30
-    # the real guard path, with room for only 31 more nonces: small enough to flood over HTTP
-    cache.max_entries = len(cache) + room + 1
+    a_uuid, c_uuid = (n.node.identity.get().node_uuid for n in (a, c))
+    saved = cache.budget
+
+    async def restart(node):
+        node.node.health.start()
+
+    for node in (a, c):  # no background poll may spend a nonce while budgets are counted
+        node.run(node.node.health.stop())
     try:
-        genuine = sign(a, b)
-        assert send(b, genuine).status_code == 200
+        # room for 30 more of hub-a's (small enough to fill over HTTP) and more for hub-c's
+        cache.budget = max(cache.held(a_uuid), cache.held(c_uuid)) + 30
+        room = cache.budget - cache.held(a_uuid)
         with httpx.Client(timeout=10) as client:
-            for i in range(2 * room):
-                forged = {**sign(a, b), SIGNATURE_HEADER: "v1.ed25519." + "A" * 86}
-                assert client.get(b.url + CAPS, headers=forged).status_code == 401
-        assert len(cache) == cache.max_entries
-        assert refused(send(b, genuine))  # never evicted
-        assert refused(send(b, sign(a, b)))  # and a full cache fails closed
+            assert [client.get(b.url + CAPS, headers=sign(a, b)).status_code for _ in range(room)] == [200] * room
+            assert refused(send(b, sign(a, b)))  # hub-a's budget is full: it fails closed ...
+            assert [client.get(b.url + CAPS, headers=sign(c, b)).status_code for _ in range(20)] == [200] * 20
     finally:
-        cache.max_entries = saved
-        cache.sweep(int(time.time() * 1000) + 10 * 300_001)
-    assert send(b, sign(a, b)).status_code == 200
+        cache.budget = saved
+        for node in (a, c):
+            node.run(restart(node))
+    assert send(b, sign(a, b)).status_code == 200  # ... hub-c never noticed
 
 
 @pytest.fixture
