@@ -24,8 +24,10 @@ SLOW = (
     "tests/test_advice.py",  # 24 s
     "tests/test_affinity_contention.py",  # 9 s
     "tests/test_agent_session.py",  # 17 s
+    "tests/test_admission_queue.py",  # 29 s: two nodes, one-slot engines held busy
     "tests/test_bad_input.py",  # 14 s
     "tests/test_bench_capacity.py",  # 42 s
+    "tests/test_bench_pool.py",  # 100 s: eight hubpool nodes, nginx and the oracle on two simulated boxes
     "tests/test_chaos.py",  # 66 s
     "tests/test_cli.py",  # 59 s
     "tests/test_cli_pool.py",  # 150 s
@@ -43,6 +45,7 @@ SLOW = (
     "tests/test_split_stages.py",  # 18 s
     "tests/test_throughput_e2e.py",  # 19 s
     "tests/test_tracing.py",  # 15 s
+    "tests/test_ttft_ranking.py",  # 20 s: two nodes, engines held busy
     "tests/test_verdicts_output.py",  # 9 s
 )
 

@@ -191,6 +191,17 @@ class PoolSettings(BaseModel):
     #: figure) to that candidate's queue depth; 0 (the default, until measured) ranks on the
     #: proxy's own count alone, as the spec says. See docs/engines.md.
     poolEngineQueueDepth: int = Field(default=0, ge=0, le=1)
+    #: hubpool's own, beyond the spec: 1 orders the candidates that have evidence by predicted
+    #: time to first token (queue wait, prefill of what the engine does not hold, model load);
+    #: 0 is the spec's queue-depth ranking exactly. See docs/placement.md.
+    poolTtftRanking: int = Field(default=1, ge=0, le=1)
+    #: hubpool's own: the pool-wide admission queue's size; 0 (the default) is off, and a
+    #: request is sent at once whatever its candidates' load, as the spec places. See
+    #: docs/placement.md.
+    poolAdmissionQueue: int = Field(default=0, ge=0, le=1024)
+    #: hubpool's own: ids of inference keys whose queued requests are batch work (they wait
+    #: behind every interactive one)
+    poolAdmissionBatchKeys: list[str] = Field(default_factory=list, max_length=100)
     poolRouteAppsAlways: bool = True
     #: inference preferences (PATCH /api/inference/preferences): this node's context cap and
     #: its statement of the engine's parallel slots; None is "not stated", never unlimited

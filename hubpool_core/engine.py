@@ -541,6 +541,22 @@ class Engine(ABC):
         if any(code is None or code in (401, 403) for code in statuses):
             return None
         return frozenset(d for (d, _), code in zip(asked, statuses, strict=True) if code not in ROUTE_MISSING)
+    async def resident_models(self, http: httpx.AsyncClient) -> list[ResidentModel] | None:
+        """Which models the engine holds in memory now, read off the request path to price a
+        cold load into predicted time to first token and advertised to peers as ``resident``.
+
+        Return every model resident now (an empty list: the engine is up and holds none, so
+        each model it lists must load first), or ``None`` when the engine cannot say right
+        now (no such API, the read failed, an answer of an unknown shape): ``None`` is
+        unknown and never read as cold. Called every health-poll interval, never per request;
+        it must answer within a few seconds and never raise. The default asks
+        :meth:`residency` when :attr:`has_residency`, else returns ``None`` (the node then
+        takes the engine's inventory as loaded, as for an engine serving what it was started
+        with). Override for an engine whose memory state has its own API beside its
+        residency (a sleep mode, a model router)."""
+        if not self.has_residency:
+            return None
+        return await self.residency(http)
 
     async def queue_depth(self, http: httpx.AsyncClient) -> int | None:
         """Requests the engine itself reports running or waiting now, whoever sent them,

@@ -165,6 +165,8 @@ def test_routed_requests_failover_and_502_are_counted_once_with_no_prompt_in_the
         "hubpool_in_flight": "gauge", "hubpool_peer_up": "gauge", "hubpool_peer_consecutive_failures": "gauge",
         "hubpool_peer_probe_failure": "gauge", "hubpool_withheld_engines": "gauge",
         "hubpool_routing_log_evictions": "counter", "hubpool_routing_log_rows": "gauge", "hubpool_build_info": "gauge",
+        "hubpool_admission": "counter", "hubpool_admission_queued": "gauge",
+        "hubpool_admission_wait_seconds": "counter",
     }
 
     # readable from loopback without a key, and with a qa:read key; the same numbers both ways

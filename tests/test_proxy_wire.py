@@ -391,13 +391,20 @@ def test_a_committed_client_error_is_recorded_as_the_requests_own():
 
 
 def test_a_peer_relaying_its_engine_marks_the_answer_with_the_engine_only():
+    from hubpool_core.placement import Load
+
     node = fake_node()
+    node.load = Load()
+    node.load.local = 2  # this one and another the serving node runs
     cand = local(engine())
     plan = make_plan(node, [cand], inbound_from="hub-a", row_fault=TRUNCATED)
     upstream = FakeUpstream(200, [("Content-Type", SSE)], chunks=[PARTIAL])
     sent = Sent()
     run(lambda hangup: commit(node, plan, hangup, sent, upstream, cand, None, time.monotonic()))
-    assert sent[0]["headers"] == [(b"content-type", SSE.encode()), (b"x-hub-pool-backend", b"pooltmpl")]
+    # the engine's mark, and (hubpool's additive header, docs/placement.md) this node's own load
+    # for the sender's view of it: never a served-by or request id, which are the entry node's
+    assert sent[0]["headers"] == [(b"content-type", SSE.encode()), (b"x-hub-pool-backend", b"pooltmpl"),
+                                  (b"x-hub-pool-in-flight", str(node.load.local).encode())]
     assert plan.row["outcome"] == "failed" and plan.row["reason"] == TRUNCATED  # the fault found before commit
 
 

@@ -103,6 +103,9 @@ def test_a_cpu_node_measured_slow_stops_getting_the_long_prompt(tmp_path, monkey
                 pair(a, nodes[other])
             a.run(a.node.health.poll_once())
             a.node.budgets.connect_ms = a.node.budgets.completion_ms = 12_000  # shortened for the test
+            # the spec's rules, as the spec ranks: predicted-TTFT ranking (hubpool's own) would put
+            # hub-c first before the much-slower rule had anything to move
+            op(a, "PATCH", "/settings", {"poolTtftRanking": 0})
 
             def ask(tokens):
                 text = "word " * int(tokens * 4 / 5)

@@ -11,7 +11,17 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from hubpool_core import __version__
-from hubpool_core.access.guards import inference_refusal
+from hubpool_core.access.guards import bearer, inference_refusal
+from hubpool_core.api.admission import (
+    BATCH,
+    INTERACTIVE,
+    QUEUED_HEADER,
+    QueuedResponse,
+    error_body,
+    free_first,
+    retry_after_s,
+    saturated,
+)
 from hubpool_core.api.dialects import AGENT_ROUTES, SPELLINGS, body_problem, error_response, passed_headers, reshaped
 from hubpool_core.engine import AGENT_DIALECTS, NATIVE, OPENAI, RESPONSES
 from hubpool_core.models_ids import fold_model_id, same_model
@@ -20,6 +30,7 @@ from hubpool_core.placement import (
     AUTO_NOTHING,
     NoAutoModel,
     PlacementRequest,
+    Plan,
     build_candidates,
     place,
     resolve_auto,
@@ -168,14 +179,27 @@ async def routed(request: Request) -> Response:
         if span is not None:
             tracer.end_request(span, row, 502)
         return JSONResponse(body_502, status_code=502, headers=headers)
+    settings = snapshot.settings
+    if settings.poolAdmissionQueue and (node.admission.waiting_for(plan.model)
+                                        or saturated(plan, settings, node.engine_by_kind)):
+        return _queued(request, node, asked, plan, row, span)
+    if settings.poolAdmissionQueue:
+        free_first(plan, settings, node.engine_by_kind)
+    return _relay(node, asked, plan, row, span, request.headers)
+
+
+def _relay(node: Any, asked: PlacementRequest, plan: Plan, row: dict[str, Any], span: Any, app_headers: Any,
+           reserved: bool = False) -> RelayResponse:
+    ctx = plan.context
     extra: dict[str, str] = {}
     if ctx.session_header and ctx.session_source == "X-Hub-Pool-Session":
         extra["X-Hub-Pool-Session"] = ctx.session_header
-    extra.update(passed_headers(dialect, request.headers))
-    relay = RelayPlan(route=route, dialect=dialect, body=plan.body, raw=plan.raw, model=plan.model,
-                      stream=asked.stream, candidates=ordered, row=row, budget_ms=plan.budget_ms,
+    extra.update(passed_headers(asked.dialect, app_headers))
+    relay = RelayPlan(route=asked.route, dialect=asked.dialect, body=plan.body, raw=plan.raw, model=plan.model,
+                      stream=asked.stream, candidates=plan.candidates, row=row, budget_ms=plan.budget_ms,
                       pin_note=plan.pin_note, extra_headers=extra, num_ctx=ctx.num_ctx, context=ctx,
-                      observers=list(node.stages), estimated_tokens=plan.estimated_tokens, span=span)
+                      observers=list(node.stages), estimated_tokens=plan.estimated_tokens, span=span,
+                      reserved=reserved)
     return RelayResponse(node, relay)
 
 
@@ -212,6 +236,43 @@ async def get_response(request: Request) -> Response:
                               "reached now", "response_holder_unavailable")
     return Response(reply.content, status_code=reply.status_code, media_type="application/json",
                     headers={"X-Hub-Pool-Served-By": where, "X-Hub-Pool-Backend": kind})
+
+
+def _queued(request: Request, node: Any, asked: PlacementRequest, plan: Plan, row: dict[str, Any],
+            span: Any) -> Any:
+    """Every candidate is at its known concurrency (or requests for the model already wait):
+    the request waits its turn in the admission queue, or is refused when the queue is full."""
+    settings = node.settings.current
+    token = bearer(dict(request.headers.items()))
+    principal = node.keys.resolve(token) if token else None
+    key = f"key:{principal.key_id}" if principal is not None else f"origin:{_client_ip(request)}"
+    klass = BATCH if principal is not None and principal.key_id in settings.poolAdmissionBatchKeys else INTERACTIVE
+    waiting = PlacementRequest(asked.route, asked.dialect, asked.route_class, plan.model, plan.body, plan.raw,
+                               asked.stream, asked.session_header, asked.session_source)
+    waiter = node.admission.enqueue(waiting, key, klass)
+    if waiter is None:
+        message = (f"Every node that serves {plan.model} is busy and {settings.poolAdmissionQueue} requests already "
+                   "wait for one (poolAdmissionQueue); retry later")
+        node.routing_log.touch(row, outcome="failed", status=429, queuedMs=0, durationMs=0, totalMs=0,
+                               reason=message[:200])
+        node.plugins.broadcast_request_finished(row)
+        return Response(error_body(asked.dialect, 429, message), status_code=429, media_type="application/json",
+                        headers={"Retry-After": str(retry_after_s(node.admission)),
+                                 "X-Hub-Pool-Request-Id": row["id"], QUEUED_HEADER: "0"})
+
+    def relay(placed: Any, waited: int) -> Any:
+        if not isinstance(placed, Plan) or not placed.candidates:
+            node.routing_log.touch(row, outcome="failed", status=502, durationMs=waited, totalMs=waited,
+                                   reason="no candidate after the admission queue")
+            node.plugins.broadcast_request_finished(row)
+            message = placed.message if isinstance(placed, NoAutoModel) else placed.diagnosis
+            return error_response(asked.dialect, 502, message, None,
+                                  {"X-Hub-Pool-Request-Id": row["id"], QUEUED_HEADER: str(waited)})
+        node.routing_log.touch(row, candidates=len(placed.candidates), **placed.sections)
+        placed.context.response_headers[QUEUED_HEADER] = str(waited)
+        return _relay(node, waiting, placed, row, span, request.headers, reserved=True)
+
+    return QueuedResponse(node, waiter, row, plan.budget_ms, relay)
 
 
 # -- listings ----------------------------------------------------------------------

@@ -109,6 +109,8 @@ async def status(request: Request) -> Response:
             "maxNumCtx": settings.maxNumCtx,
             "ollamaSlots": settings.ollamaSlots,
             "throughput": node.throughput.estimates("local"),
+            # predicted time to first token's evidence (hubpool's own, docs/placement.md)
+            **_engine_state(node, backends),
             "gpuPressure": node.pressure.band,
             "gpuPressureSource": wire_source_name(node.pressure.source) if node.pressure.source else None,
             "backends": [
@@ -135,8 +137,20 @@ async def status(request: Request) -> Response:
         "pins": status_pins(node, backends),
         "pairingPin": node.pairing_pin.status(now),
         "routing": node.routing_log.summary(),
+        "admission": {"enabled": bool(settings.poolAdmissionQueue), "size": settings.poolAdmissionQueue,
+                      **node.admission.status()},
     }
     return JSONResponse(payload)
+
+
+def _engine_state(node: Any, backends: list[Any]) -> dict[str, Any]:
+    """What this node's engines report at once, hold in memory, and how fast they measured:
+    ``resident`` is null for an engine whose residency is unknown, never empty for it."""
+    return {"engineSlots": [{"backend": b.engine.kind, "slots": b.snapshot.result.slots} for b in backends
+                            if b.snapshot.result.slots],
+            "resident": [{"backend": b.engine.kind, "models": node.residency.models("local", b.engine.kind)}
+                         for b in backends],
+            "speed": node.speed.advertised("local")}
 
 
 def _peer_extras(node: Any, row: Any) -> dict[str, Any]:
@@ -153,6 +167,9 @@ def _peer_extras(node: Any, row: Any) -> dict[str, Any]:
         "maxPromptTokens": _positive(caps.get("maxPromptTokens")),
         "maxNumCtx": _positive(caps.get("maxNumCtx")),
         "ollamaSlots": _positive(caps.get("ollamaSlots")),
+        "resident": caps.get("resident") if fresh and isinstance(caps.get("resident"), list) else None,
+        "speed": {"observed": node.speed.advertised(row.node_fqdn),
+                  "advertised": caps.get("speed") if fresh and isinstance(caps.get("speed"), list) else []},
         # what routing reads of the peer's report (validated, aged), stale snapshot or not
         "throughput": {"observed": node.throughput.observed(row.node_fqdn),
                        "advertised": advertised_estimates(caps, node.settings.current.poolHealthPollSeconds,

@@ -116,6 +116,24 @@ def child_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
+class JsonLineProcess:
+    """A helper process driven over its pipes: one JSON job line in, one JSON result line out."""
+
+    def __init__(self, started: Started, name: str, module: str):
+        self.name = name
+        self.proc = started.start(name, [sys.executable, "-m", module], env=child_env({}), stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE)
+
+    def ask(self, job: dict[str, Any]) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write((json.dumps(job) + "\n").encode())
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the {self.name} process exited")
+        return json.loads(line)
+
+
 class Started:
     """The processes one benchmark started; ``stop_all`` ends exactly those."""
 
@@ -192,8 +210,8 @@ def start_stub(started: Started, pace_ms: float, tokens: int, name: str = "stub"
 
 # -- nginx ----------------------------------------------------------------------------
 
-NGINX_CONF = """# a plain reverse proxy: the best one extra hop does (one process, as a node is one)
-master_process off;
+#: one nginx process in the foreground, everything under ``{run}``; the ``http`` block stays open
+NGINX_HEAD = """master_process off;
 daemon off;
 worker_processes 1;
 pid {run}/nginx.pid;
@@ -206,6 +224,9 @@ http {{
     fastcgi_temp_path {run}/fastcgi;
     uwsgi_temp_path {run}/uwsgi;
     scgi_temp_path {run}/scgi;
+"""
+# a plain reverse proxy: the best one extra hop does (one process, as a node is one)
+NGINX_CONF = NGINX_HEAD + """\
     keepalive_requests 1000000;
     upstream engine {{
         server {upstream};
@@ -293,10 +314,13 @@ BENCH_SETTINGS = {"poolProbeSnapshotTtlMs": 10_000}
 
 
 def start_nodes(started: Started, specs: dict[str, dict[str, str]], engine_vars: list[str],
-                routing_log_size: int = 10_000, settings: dict[str, Any] | None = None) -> dict[str, BenchNode]:
+                routing_log_size: int = 10_000, settings: dict[str, Any] | None = None,
+                node_settings: dict[str, dict[str, Any]] | None = None,
+                start_timeout: float = 60.0) -> dict[str, BenchNode]:
     """`hubpool serve` processes named by ``specs`` (name -> extra environment), every engine
     variable in ``engine_vars`` pointed at a closed port unless the spec names it, each
-    starting with ``settings`` (default :data:`BENCH_SETTINGS`)."""
+    starting with ``settings`` (default :data:`BENCH_SETTINGS`), or with its own from
+    ``node_settings`` (name -> settings) when that names it."""
     names = list(specs)
     ports = {name: free_port() for name in names}
     peer_urls = json.dumps({fqdn(n): f"http://127.0.0.1:{p}" for n, p in ports.items()})
@@ -304,7 +328,9 @@ def start_nodes(started: Started, specs: dict[str, dict[str, str]], engine_vars:
     for name in names:
         data_dir = started.workdir / name
         data_dir.mkdir(exist_ok=True)
-        (data_dir / "settings.json").write_text(json.dumps(BENCH_SETTINGS if settings is None else settings))
+        own = (node_settings or {}).get(name)
+        chosen = own if own is not None else BENCH_SETTINGS if settings is None else settings
+        (data_dir / "settings.json").write_text(json.dumps(chosen))
         status_file = started.workdir / f"{name}-tailscale.json"
         status_file.write_text(json.dumps(tailnet_status(name, names)))
         env = {var: f"http://127.0.0.1:{free_port()}" for var in engine_vars}
@@ -317,7 +343,8 @@ def start_nodes(started: Started, specs: dict[str, dict[str, str]], engine_vars:
     nodes = {}
     for name in names:
         url = f"http://127.0.0.1:{ports[name]}"
-        wait_http(url + P + "/identify", procs[name], 60, f"hubpool node {name}", "\n" + started.log_tail(name))
+        wait_http(url + P + "/identify", procs[name], start_timeout, f"hubpool node {name}",
+                  "\n" + started.log_tail(name))
         nodes[name] = BenchNode(name, url, procs[name], started.workdir / name)
     return nodes
 

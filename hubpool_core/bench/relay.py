@@ -14,7 +14,6 @@ rounds is reported.
 from __future__ import annotations
 
 import base64
-import json
 import os
 import secrets
 import statistics
@@ -69,25 +68,18 @@ def scenarios(quick: bool, gate: bool, scale: float = 1.0) -> list[Scenario]:
     return [Scenario(s.name, s.model, s.stream, s.c, max(s.c, int(s.n * scale))) for s in base]
 
 
-class LoadDriver:
+class LoadDriver(procs.JsonLineProcess):
     """The load generator subprocess, one JSON job in and one JSON result out at a time."""
 
     def __init__(self, started: procs.Started):
-        self.proc = started.start("loadgen", [sys.executable, "-m", "hubpool_core.bench.loadgen"],
-                                  env=procs.child_env({}), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        super().__init__(started, "loadgen", "hubpool_core.bench.loadgen")
 
     def run(self, url: str, body: dict[str, Any], c: int, n: int, deadline_s: float,
             capture: bool = False, headers: dict[str, str] | None = None,
             sign: dict[str, str] | None = None) -> dict[str, Any]:
         job = {"url": url, "body": body, "c": c, "n": n, "deadline_s": deadline_s, "capture": capture,
                "headers": headers or {}, "sign": sign}
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write((json.dumps(job) + "\n").encode())
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError("the load generator exited")
-        return json.loads(line)
+        return self.ask(job)
 
 
 @dataclass

@@ -283,3 +283,103 @@ def capacity(model: str = typer.Option(..., "--model", "-m", help="The model to 
     failed = [e for s in report["steps"] for e in s["errors"]]
     if failed:
         out.print(f"first errors: {escape('; '.join(failed[:3]))}")
+
+
+@bench_app.command("pool")
+def pool(trace: list[str] = typer.Option(["chat", "agents", "burst", "cold"], "--trace", "-t",
+                                         help="A built-in trace (chat, agents, burst, cold) or a trace file "
+                                              "(hubpool-trace/1 JSON Lines; docs/performance.md); repeatable."),
+         dispatcher: list[str] = typer.Option([], "--dispatcher", "-d",
+                                              help="Only these dispatchers (repeatable; default: every one)."),
+         pool_name: str = typer.Option("unequal", "--pool", help="unequal (fast, mid, slow) or equal boxes."),
+         rounds: int = typer.Option(2, "--rounds", min=1, max=20, help="Interleaved rounds (2 at least for p95)."),
+         scale: float = typer.Option(0.1, "--scale", min=0.01, max=1.0,
+                                     help="Real seconds per simulated second (0.1: ten times faster)."),
+         size: float = typer.Option(1.0, "--size", min=0.02, max=4.0, help="Shorten (<1) or lengthen the traces."),
+         seed: int = typer.Option(1, "--seed", help="The traces' seed (round r uses seed + r)."),
+         quick: bool = typer.Option(False, "--quick", help="Half-size traces, one hubpool overhead pass."),
+         overhead_n: int = typer.Option(30, "--overhead-requests", min=0, max=1000,
+                                        help="Requests per entry node for what hubpool adds (0: skip)."),
+         plot_path: str | None = typer.Option(None, "--plot", help="Write a PNG of TTFT percentiles here "
+                                                                    "(needs matplotlib)."),
+         save_traces: str | None = typer.Option(None, "--save-traces",
+                                                help="Write the first round's built-in traces as files into this "
+                                                     "directory, and stop."),
+         as_json: bool = JsonOption) -> None:
+    """Unequal simulated boxes; hubpool, nginx, LiteLLM and an oracle on the same seeded traces."""
+    from pathlib import Path
+
+    from rich.markup import escape
+    from rich.table import Table
+
+    from hubpool_core.bench.pool import ALL_DISPATCHERS, FAIL, TABLE_HEAD, plot, run_bench, table_rows
+    from hubpool_core.bench.pool_traces import BUILT_IN, POOLS, TraceError, built_in
+
+    if pool_name not in POOLS:
+        out.print(f"[red]--pool is one of {', '.join(POOLS)}, not {escape(pool_name)}[/]")
+        raise typer.Exit(2)
+    unknown = [d for d in dispatcher if d not in ALL_DISPATCHERS]
+    if unknown:
+        out.print(f"[red]unknown dispatcher(s) {escape(', '.join(unknown))}: choose from "
+                  f"{', '.join(ALL_DISPATCHERS)}[/]")
+        raise typer.Exit(2)
+    if quick:
+        size = min(size, 0.5)
+    names = tuple(t for t in trace if t in BUILT_IN)
+    files = tuple(Path(t) for t in trace if t not in BUILT_IN)
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        out.print(f"[red]no such trace file (and not a built-in trace: {', '.join(BUILT_IN)}): "
+                  f"{escape(', '.join(missing))}[/]")
+        raise typer.Exit(2)
+    if save_traces:
+        target = Path(save_traces)
+        target.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            (target / f"{name}.jsonl").write_text(built_in(name, seed, POOLS[pool_name], size).dumps())
+        out.print(f"wrote {', '.join(f'{n}.jsonl' for n in names)} to {escape(str(target))}")
+        return
+    quiet = as_json or not out.is_terminal
+    kwargs: dict[str, Any] = dict(traces=names, trace_files=files, dispatchers=tuple(dispatcher) or ALL_DISPATCHERS,
+                                  pool_name=pool_name, rounds=rounds, scale=scale, size=size, seed=seed,
+                                  overhead_n=overhead_n)
+    try:
+        if quiet:
+            report = run_bench(progress=lambda m: print(f"# {m}", file=sys.stderr, flush=True), **kwargs)
+        else:
+            with out.status("starting") as status:
+                report = run_bench(progress=lambda m: status.update(m), **kwargs)
+    except TraceError as exc:
+        out.print(f"[red]bench pool: {escape(str(exc))}[/]")
+        raise typer.Exit(2) from None
+    except RuntimeError as exc:
+        out.print(f"[red]bench pool could not run: {escape(str(exc))}[/]")
+        raise typer.Exit(2) from None
+    said = plot(report, Path(plot_path)) if plot_path else None
+    if as_json:
+        data = report.to_json()
+        if said:
+            data["plot"] = said
+        print(json.dumps(data, indent=2))
+        return
+    table = Table(title=f"TTFT per dispatcher ({pool_name} boxes; seconds of the simulated clock, "
+                        f"{rounds} interleaved rounds pooled)")
+    for col in TABLE_HEAD:
+        table.add_column(col, justify="left" if col in ("trace", "dispatcher") else "right")
+    for row in table_rows(report):
+        table.add_row(*row)
+    _wide().print(table)
+    _goals_table(report.goals)
+    for name, note in report.notes.items():
+        out.print(f"{name}: {escape(note)}")
+    for o in report.overheads:
+        if o:
+            out.print(f"what {o['variant']} adds before the first token (real ms, {o['requests']} requests): "
+                      f"+{o['addedP50Ms']} p50, +{o['addedP95Ms']} p95; nginx +{o['nginxAddedP50Ms']} p50")
+    cfg = report.config
+    out.print(f"{cfg['wallS']} s, scale {cfg['scale']}, load average {cfg['loadavgStart'][0]:.2f} → "
+              f"{cfg['loadavgEnd'][0]:.2f} on {cfg['cpus']} CPUs")
+    if said:
+        out.print(said)
+    if any(g["verdict"] == FAIL for g in report.goals):
+        out.print("[yellow]some targets were missed: see docs/performance.md for what each figure means[/]")

@@ -84,7 +84,7 @@ def _status_lines(s: dict[str, Any]) -> list[str]:
                                       f"healthPoll={flag(st.get('poolHealthPollSeconds'))}s"))
     lines.append(labelled("Routing log", counts_line(s.get("routing") or {})))
     lines += [""] + _this_node(s) + [""] + _pins(s) + [""] + _peers(s)
-    for block in (_context_caps(s), _measured_speed(s)):
+    for block in (_context_caps(s), _measured_speed(s), _residency(s)):
         if block:
             lines += [""] + block
     return lines
@@ -143,6 +143,26 @@ def _dialects(backend: dict[str, Any]) -> str:
         return text + " (agent dialects not known yet)"
     missing = [d for d in agent if d not in native and d != "rerank"]
     return text + (f"; translates {', '.join(missing)}" if missing else "")
+def _residency(s: dict[str, Any]) -> list[str]:
+    """Resident models and measured load times per node and engine (predicted TTFT's evidence)."""
+    rows = []
+
+    def add(node: str, resident: list[dict[str, Any]] | None, speed: list[dict[str, Any]]) -> None:
+        loads = {(e.get("backend"), e.get("model")): float(e["loadMs"]) for e in speed or [] if e.get("loadMs")}
+        for entry in resident or []:
+            held = entry.get("models")
+            shown = "unknown" if held is None else (", ".join(held) if held else "nothing")
+            rows.append(f"  {node:<34} {entry.get('backend', '?'):<9} resident: {shown}")
+        for (backend, model), ms in loads.items():
+            rows.append(f"  {node:<34} {backend or '?':<9} {model}: loads in {ms / 1000:.1f} s (measured)")
+
+    local = s.get("localNode") or {}
+    add("this node", local.get("resident"), local.get("speed") or [])
+    for p in s.get("peers") or []:
+        speed = p.get("speed") or {}
+        seen = (speed.get("observed") or []) + (speed.get("advertised") or [])
+        add(p.get("nodeFqdn") or "?", p.get("resident"), seen)
+    return ["Resident models and load times"] + rows if rows else []
 
 
 def _this_node(s: dict[str, Any]) -> list[str]:

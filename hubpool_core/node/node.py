@@ -11,6 +11,7 @@ from typing import Any
 import aiohttp
 
 from hubpool_core.access.credentials import KeyStore
+from hubpool_core.api.admission import AdmissionQueue
 from hubpool_core.config import EnvSettings, SettingsStore, env_int
 from hubpool_core.models_ids import fold_model_id
 from hubpool_core.node.directions import Directions, resolve_directions
@@ -26,6 +27,7 @@ from hubpool_core.peering.tailnet import Tailnet, peer_url_overrides
 from hubpool_core.placement import TIER_RANK, Load
 from hubpool_core.placement.handout import effective_ceiling
 from hubpool_core.placement.quarantine import Quarantine
+from hubpool_core.placement.speed import ResidencyView, SpeedBook
 from hubpool_core.placement.throughput import ThroughputStore
 from hubpool_core.plugins import PluginHost, load_plugins
 from hubpool_core.proxy import Budgets, ReuseAwareConnector
@@ -33,6 +35,7 @@ from hubpool_core.proxy.response_homes import ResponseHomes
 from hubpool_core.signals.containers import ContainerSampler
 from hubpool_core.signals.local_engines import WHOLE_PROBE_MS, LocalEngines, build_engines
 from hubpool_core.signals.pressure_sampler import PressureSampler
+from hubpool_core.signals.residency import ResidencySampler
 from hubpool_core.store import Database
 from hubpool_core.telemetry import tracing
 from hubpool_core.telemetry.routing_log import DEFAULT_CAPACITY, MAX_CAPACITY, RoutingLog, now_iso
@@ -70,6 +73,10 @@ class Node:
         #: one instance per engine kind: how a peer's relayed bytes are read (dialect, verdicts)
         self.engine_by_kind = {e.kind: e for e in self.local.engines}
         self.throughput = ThroughputStore()
+        #: what predicted time to first token reads: measured speed, load times, residency
+        self.speed = SpeedBook()
+        self.residency = ResidencyView()
+        self.residency_sampler = ResidencySampler(self.local, self.residency, lambda: self.health.poll_s)
         self.output_quarantine = Quarantine()
         #: which node and engine hold each stored Responses-API answer (previous_response_id)
         self.response_homes = ResponseHomes()
@@ -85,6 +92,9 @@ class Node:
             min_prefill_tps=max(1, env_int(env.min_prefill_tokens_per_sec, minimum=1) or 50),
         )
         self.load = Load()
+        #: the pool-wide admission queue (poolAdmissionQueue): woken whenever a counted request ends
+        self.admission = AdmissionQueue(self)
+        self.load.on_release = self.admission.wake
         tier = (env.hardware_tier or "").strip().lower()
         #: the operator's statement of this node's hardware tier (high, medium, low, cpu-only)
         self.hardware_tier = tier if tier in TIER_RANK else None
@@ -145,6 +155,23 @@ class Node:
             entry["unservableModels"] = [m for m in models if fold_model_id(m) in withheld]
         return entry
 
+    def _engine_state(self, backends: list[Any]) -> dict[str, Any]:
+        """hubpool's additive capabilities fields for predicted time to first token, each
+        omitted when there is nothing to say (absent reads as unknown on the far side, never
+        as cold or idle): ``engineSlots`` (what each engine reports it runs at once),
+        ``resident`` (the models each engine holds in memory) and ``speed`` (measured
+        averages per engine and model)."""
+        out: dict[str, Any] = {}
+        slots = [{"backend": b.engine.kind, "slots": b.snapshot.result.slots} for b in backends
+                 if b.healthy and b.snapshot.result.slots]
+        resident = [{"backend": b.engine.kind, "models": held} for b in backends
+                    if b.healthy and (held := self.residency.models("local", b.engine.kind)) is not None]
+        speed = self.speed.advertised("local")
+        for key, value in (("engineSlots", slots), ("resident", resident), ("speed", speed)):
+            if value:
+                out[key] = value
+        return out
+
     def directions(self) -> Directions:
         return resolve_directions(self.env, self.settings.current)
 
@@ -172,6 +199,7 @@ class Node:
         throughput = self.throughput.estimates("local")
         if throughput:  # omitted when nothing has been timed, as older builds send
             payload["throughput"] = throughput
+        payload.update(self._engine_state(backends if accepting else []))
         ceiling, _ = effective_ceiling(self.env, self.settings.current)
         for key, value in (("maxPromptTokens", ceiling), ("maxNumCtx", self.settings.current.maxNumCtx),
                            ("ollamaSlots", self.settings.current.ollamaSlots)):
@@ -203,6 +231,7 @@ class Node:
         for engine in self.local.engines:
             log.info("engine %s at %s (%s)", engine.kind, engine.base_url, engine.config.source)
         self.health.start()
+        self.residency_sampler.start()
         self.pressure.start()
         self.containers.start()
         self.heap.start()
@@ -210,6 +239,7 @@ class Node:
 
     async def stop(self) -> None:
         await self.health.stop()
+        await self.residency_sampler.stop()
         # the server has stopped admitting requests: what was spent is complete
         await asyncio.to_thread(save_nonce_cache, self.nonces, self.nonce_file, clean=True)
         await self.pressure.stop()

@@ -93,6 +93,12 @@ def valid_capabilities(data: Any) -> dict[str, Any] | None:
                                                    "updatedAt", "maxPromptTokens", "maxNumCtx", "ollamaSlots",
                                                    "gpuPressure", "gpuPressureSource", "containers",
                                                    "throughput")}
+    # hubpool's additive fields (predicted time to first token): lists of objects, clamped here,
+    # every value validated where it is read; anything else is dropped as not said
+    for key in ("engineSlots", "resident", "speed"):
+        value = data.get(key)
+        if isinstance(value, list):
+            out[key] = [e for e in value[:32] if isinstance(e, dict)]
     out["backends"] = backends
     return out
 

@@ -11,6 +11,8 @@
 - ``pins.py``: operator pins — which applies, and moving its node to the front.
 - ``auto.py``: what the ``auto`` alias stands for across the pool.
 - ``throughput.py``: measured throughput, the evidence the throughput stages read.
+- ``speed.py``: what predicted time to first token reads: measured speed, load times,
+  residency, the slots a candidate runs (hubpool's own, docs/placement.md).
 - ``quarantine.py``: engines withheld for a model after repeated faults.
 - ``handout.py``: the client handout and the effective prompt ceiling.
 

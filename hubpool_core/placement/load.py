@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 #: what an unmeasured peer counts as: never idle
 UNKNOWN_PEER_LOAD = 1
 
@@ -18,6 +21,12 @@ class Load:
         self.local = 0
         self.forwarded: dict[str, int] = {}
         self._forwarded_at_report: dict[str, int] = {}
+        #: peer id -> (in flight it reported on its last forwarded answer, what this node had
+        #: forwarded it then, when): fresher than a poll for the peers this node talks to
+        self._fresh: dict[str, tuple[int, int, float]] = {}
+        self._report_at: dict[str, float] = {}
+        #: called after every release (the admission queue's wake-up); None: nobody listens
+        self.on_release: Callable[[], None] | None = None
         #: generations in flight on each local engine: engine kind -> {(model, num_ctx): count}
         self.local_work: dict[str, dict[tuple[str, int | None], int]] = {}
 
@@ -44,6 +53,8 @@ class Load:
                     slot.pop(work[1:], None)
         else:
             self.forwarded[peer_id] = max(0, self.forwarded.get(peer_id, 0) - 1)
+        if self.on_release is not None:
+            self.on_release()
 
     def engine_external(self, kind: str, reported: int | None) -> int:
         """What a local engine reported running or waiting beyond this node's own requests
@@ -57,10 +68,19 @@ class Load:
     def note_report(self, peer_id: str) -> None:
         """Called when a peer's snapshot arrives: what we had forwarded at that moment."""
         self._forwarded_at_report[peer_id] = self.forwarded.get(peer_id, 0)
+        self._report_at[peer_id] = time.monotonic()
+
+    def note_fresh(self, peer_id: str, in_flight: int) -> None:
+        """A forwarded answer's ``X-Hub-Pool-In-Flight``: the peer's own count as it sent its
+        headers (this request included), beside what this node had forwarded it then."""
+        self._fresh[peer_id] = (in_flight, self.forwarded.get(peer_id, 0), time.monotonic())
 
     def peer_load(self, peer_id: str, reported: int | None) -> int:
         forwarded = self.forwarded.get(peer_id, 0)
         if reported is None:
             return max(forwarded, UNKNOWN_PEER_LOAD)  # unmeasured is never idle
+        fresh = self._fresh.get(peer_id)
+        if fresh is not None and fresh[2] > self._report_at.get(peer_id, 0.0):
+            return forwarded + max(0, fresh[0] - fresh[1])  # milliseconds old, not a poll old
         external = max(0, reported - self._forwarded_at_report.get(peer_id, 0))
         return forwarded + external

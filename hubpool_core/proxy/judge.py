@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -94,23 +95,17 @@ def stream_ended(node: Any, plan: RelayPlan, cand: Candidate, judge: StreamJudge
 
 
 def sample(node: Any, plan: RelayPlan, cand: Candidate, attempt_started: float, held: bytes | None,
-           judge: StreamJudge | None) -> None:
-    """Throughput evidence from an answer that completed cleanly: the engine's own timings
-    when it reports them, else a stream's wait for its first byte."""
-    if plan.estimated_tokens < MIN_PROMPT_TOKENS:
-        return  # mostly fixed cost: neither measured nor judged
-    engine = engine_for(node, cand)
-    raw = held if held is not None else (judge.last_object if judge is not None else b"")
-    try:
-        obj = json.loads(raw) if raw else None
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        obj = None
-    timings = None
-    if engine is not None and isinstance(obj, dict):
-        try:
-            timings = engine.timings(obj)
-        except Exception:  # noqa: BLE001 - a plugin bug means no sample
-            timings = None
+           judge: StreamJudge | None, alone: bool = True, cold: bool = False) -> None:
+    """Evidence from an answer that completed cleanly. The speed book (predicted time to
+    first token) takes every answer whose engine timed it, and the wall clock only when the
+    node had nothing else in flight (``alone``); so does the throughput store, from prompts
+    of 4,096 tokens: the engine's own timings when it reports them, else a stream's wait for
+    its first byte. ``cold``: the engine was known not to hold the model, so the wait for the
+    first byte beyond the prefill was its load."""
+    timings = _timings(node, cand, held, judge)
+    _speed(node, plan, cand, attempt_started, judge, timings, alone, cold)
+    if plan.estimated_tokens < MIN_PROMPT_TOKENS or not alone:
+        return  # mostly fixed cost, or a queue: neither measured nor judged
     model = fold_model_id(plan.model)
     store = node.throughput
     if timings is not None and timings.prefill_ms:
@@ -123,3 +118,41 @@ def sample(node: Any, plan: RelayPlan, cand: Candidate, attempt_started: float, 
                              cached_tokens=timings.cached_tokens if timings else None)
     if timings is not None and timings.decode_tokens and timings.decode_ms:
         store.record_decode(cand.node, cand.backend, model, timings.decode_tokens, timings.decode_ms)
+
+
+def _timings(node: Any, cand: Candidate, held: bytes | None, judge: StreamJudge | None) -> Any:
+    """The engine's own timings of a finished answer (its body, or a stream's last object)."""
+    engine = engine_for(node, cand)
+    raw = held if held is not None else (judge.last_object if judge is not None else b"")
+    try:
+        obj = json.loads(raw) if raw else None
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        obj = None
+    if engine is None or not isinstance(obj, dict):
+        return None
+    try:
+        return engine.timings(obj)
+    except Exception:  # noqa: BLE001 - a plugin bug means no sample
+        return None
+
+
+def _speed(node: Any, plan: RelayPlan, cand: Candidate, attempt_started: float, judge: StreamJudge | None,
+           timings: Any, alone: bool, cold: bool) -> None:
+    book = getattr(node, "speed", None)
+    if book is None:
+        return
+    model = plan.model
+    node.residency.served(cand.node, cand.backend, model)
+    prefill = timings.prefill_ms if timings is not None else None
+    if prefill:
+        read = float(plan.estimated_tokens)
+        if timings.prompt_tokens and timings.cached_tokens is not None and timings.prompt_tokens > 0:
+            read *= max(0, timings.prompt_tokens - timings.cached_tokens) / timings.prompt_tokens
+        book.record_read(cand.node, cand.backend, model, read, prefill)
+        if timings.decode_ms:
+            book.record_service(cand.node, cand.backend, model, prefill + timings.decode_ms)
+    elif alone:
+        book.record_service(cand.node, cand.backend, model, (time.monotonic() - attempt_started) * 1000)
+    if cold and alone and judge is not None and judge.first_chunk_at is not None:
+        waited = (judge.first_chunk_at - attempt_started) * 1000
+        book.record_load(cand.node, cand.backend, model, waited - (prefill or 0.0))

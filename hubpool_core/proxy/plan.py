@@ -63,6 +63,8 @@ class RelayPlan:
     row_fault: str | None = None
     #: the request's trace span when the node traces (hubpool_core/telemetry/tracing.py), else None
     span: Any = None
+    #: the admission queue already counted the first candidate in the load (its reservation)
+    reserved: bool = False
 
     def context_headers(self) -> dict[str, str]:
         return dict(getattr(self.context, "response_headers", None) or {})

@@ -50,6 +50,8 @@ async def commit(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, upstrea
     log_.touch(row, **fields)
     backend = upstream.headers.get("x-hub-pool-backend", cand.backend) if not cand.is_local else cand.backend
     headers = attribution(plan, cand, backend)
+    if plan.inbound_from is not None:  # the sender's view of this node, fresher than its poll
+        headers.append((b"x-hub-pool-in-flight", str(node.load.local).encode()))
     headers += [(k.lower().encode(), v.encode()) for k, v in plan.context_headers().items()]
     judge = None
     if judged and status == 200 and streamed:

@@ -100,10 +100,12 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
         work = (cand.backend, plan.model, plan.num_ctx) if cand.is_local else None
         # a sample is taken only when the node had nothing else in flight, as far as we can tell
         alone = (load.local == 0) if cand.is_local else (cand.in_flight == 0)
+        cold = node.residency.resident(cand.node, cand.backend, plan.model) is False
         if plan.span is not None:
             attempt_span = node.tracer.start_attempt(plan.span, cand, attempt)
         attempt_started = time.monotonic()
-        load.acquire(cand.peer_id, work)
+        if not (attempt == 1 and plan.reserved):  # a queued request's first slot is already counted
+            load.acquire(cand.peer_id, work)
         released = False
         try:
             try:
@@ -122,6 +124,10 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
             except aiohttp.ClientError as exc:
                 raise Failed(None, f"fetch failed ({transport_code(exc)})") from None
             status = upstream.status
+            if cand.peer_id is not None:
+                fresh = upstream.headers.get("x-hub-pool-in-flight", "")
+                if fresh.isdigit() and len(fresh) < 7:
+                    load.note_fresh(cand.peer_id, int(fresh))
             if status == 500 and (cand.is_local or "x-hub-pool-backend" in upstream.headers) \
                     and plan.inbound_from is None:
                 verdict = await read_verdict(node, plan, cand, upstream, hangup)
@@ -167,8 +173,8 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
                     rid = response_id(first, whole=held is not None)
                     if rid is not None:  # a follow-up naming it can only go on there
                         node.response_homes.remember(rid, cand)
-                if judged and alone and status == 200 and row["outcome"] == "served":
-                    sample(node, plan, cand, attempt_started, held, judge)
+                if judged and status == 200 and row["outcome"] == "served":
+                    sample(node, plan, cand, attempt_started, held, judge, alone=alone, cold=cold)
             finally:
                 load.release(cand.peer_id, work)
                 released = True

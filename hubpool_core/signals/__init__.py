@@ -5,4 +5,5 @@
 - ``pressure_bands.py``: GPU pressure as a band (EWMA and a deadband quantiser).
 - ``pressure_sampler.py``: one pressure reading every 10 s from the registered sources.
 - ``containers.py``: container counts from whichever plugin reports them.
+- ``residency.py``: which models this node's engines hold in memory (predicted TTFT).
 """

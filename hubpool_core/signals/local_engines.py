@@ -160,6 +160,10 @@ class LocalEngines:
             self._inflight[index] = task
         return task
 
+    def last_snapshot(self, index: int) -> Snapshot | None:
+        """The last answer engine ``index`` gave, however old; ``None`` before its first."""
+        return self._snapshots.get(index)
+
     def invalidate(self, engine: Engine) -> None:
         """Drop one engine's snapshot so the next read probes it again."""
         self._snapshots.pop(self.engines.index(engine), None)

@@ -208,6 +208,21 @@ class NodeMetrics:
         yield CounterMetricFamily("hubpool_routing_log_evictions", "Routing-log rows dropped from the bounded ring",
                                   value=max(0, total - rows))
         yield GaugeMetricFamily("hubpool_routing_log_rows", "Rows the routing log holds now", value=rows)
+        admission = getattr(node, "admission", None)
+        if admission is not None:  # the admission queue (poolAdmissionQueue)
+            state = admission.status()
+            m = GaugeMetricFamily("hubpool_admission_queued", "Requests waiting in the admission queue now",
+                                  labels=["class"])
+            m.add_metric(["interactive"], state["interactive"])
+            m.add_metric(["batch"], state["batch"])
+            yield m
+            left = CounterMetricFamily("hubpool_admission", "Requests leaving the admission queue, by how",
+                                       labels=["outcome"])
+            for outcome in ("dispatched", "overflowed", "expired", "abandoned"):
+                left.add_metric([outcome], state[outcome])
+            yield left
+            yield CounterMetricFamily("hubpool_admission_wait_seconds", "Time dispatched requests waited, in all",
+                                      value=admission.wait_ms_total / 1000)
         m = GaugeMetricFamily("hubpool_build_info", "This build of hubpool (always 1)", labels=["version"])
         m.add_metric([__version__], 1)
         yield m

@@ -16,13 +16,13 @@ DEFAULT_CAPACITY = 200
 MAX_CAPACITY = 10_000
 DEFAULT_PAGE = 200
 
-PLACEMENT_SECTIONS = ("pin", "promptCeiling", "contextCap", "slots", "throughput", "contention", "affinity")
+PLACEMENT_SECTIONS = ("pin", "promptCeiling", "contextCap", "slots", "throughput", "contention", "affinity", "ttft")
 #: a row's fields in the order open() builds them. A finished row in this shape is kept as a
 #: tuple of its values (about half the memory of the dict: 10,000 rows are G7's budget)
 ROW_KEYS: tuple[str, ...] = (
     "id", "at", "updatedAt", "direction", "path", "model", "node", "peerId", "backend", "candidates", "attempt",
     "failedOverFrom", "attempts", *PLACEMENT_SECTIONS, "outcome", "status", "durationMs", "totalMs", "usage",
-    "stream", "bodyBytes", "budgetMs", "reason", "requestError", "clientClosed",
+    "stream", "bodyBytes", "budgetMs", "reason", "requestError", "clientClosed", "queuedMs",
     # the spec's reason a local load was refused on a row served there anyway: hubpool has no
     # memory manager, so nothing refuses a load and it is always null (kept for the contract)
     "localLoadRefused",

@@ -22,9 +22,10 @@ FLAVOR_NAMES = ("ollama", "vllm", "llamacpp", "lemonade", "omlx")
 _RUNTIME_TYPES: dict[str, Any] = {
     "slots": int, "prefill_tps": float, "decode_tps": float, "decode_ms_per_token": float, "load_ms": float,
     "tokens": int, "embedding_dim": int, "prompt_cache": bool, "timings": bool, "api_key": str,
+    "time_scale": float, "sleeping": bool,
 }
 RUNTIME_FIELDS = tuple(_RUNTIME_TYPES)
-_NULLABLE = ("decode_ms_per_token", "api_key")
+_NULLABLE = ("decode_ms_per_token", "api_key", "sleeping")
 
 _PARAMS_TAG = re.compile(r"(?:^|[:\-_])e?(\d+(?:\.\d+)?)([bm])(?:$|[\-_])", re.IGNORECASE)
 
@@ -119,7 +120,11 @@ class SimConfig:
     ``decode_tps``. ``faults`` takes fault specs ("drop", "verdict:no-user-query@qwen3:8b:1"),
     mappings ({"fault": ..., "model": ..., "count": ...}) or :class:`hubpool_sim.faults.Fault`.
     ``preloaded`` lists model ids resident from the start (Ollama's /api/ps), otherwise a
-    model becomes resident once it has served a request. ``host`` and ``port`` are used when
+    model becomes resident once it has served a request. ``time_scale`` runs the clock
+    faster: every wait (load, prefill, decode) is multiplied by it, and every duration the
+    engine reports (timings, Ollama's ``*_duration``) is divided by it, so a node reading
+    4,000 tokens a second at ``time_scale`` 0.05 answers 20 times sooner and still reports
+    4,000 (``hubpool bench pool`` replays minutes of traffic in seconds this way). ``host`` and ``port`` are used when
     the server is not given its own; a ``port`` of None means 0 (ephemeral) for
     :class:`SimServer` and the flavor's usual port for the CLI.
     """
@@ -145,6 +150,14 @@ class SimConfig:
     #: serve the agent dialects where the flavor does (hubpool_sim/agent.py); False is a
     #: build from before any of them
     agent_routes: bool = True
+    time_scale: float = 1.0
+    #: when set, every answer carries ``X-Sim-Name: <name>`` (which node served it, for a
+    #: benchmark whose dispatcher does not say)
+    name: str | None = None
+    #: llamacpp: llama-server's router mode (``GET /models`` with each model's load status)
+    router: bool = False
+    #: vllm: asleep (``GET /is_sleeping``; served only with this knob set at start or later)
+    sleeping: bool | None = None
 
     def __post_init__(self) -> None:
         if self.flavor not in FLAVOR_NAMES:
@@ -160,6 +173,8 @@ class SimConfig:
         for name in ("prefill_tps", "decode_tps", "load_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} cannot be negative")
+        if not self.time_scale > 0:
+            raise ValueError("time_scale must be above 0")
         if self.decode_ms_per_token is not None and self.decode_ms_per_token < 0:
             raise ValueError("decode_ms_per_token cannot be negative")
         if int(self.tokens) < 1 or int(self.embedding_dim) < 1:

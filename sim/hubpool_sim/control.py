@@ -7,6 +7,8 @@
     POST   /_sim/reset    zero the counters and disarm every fault
     GET    /_sim/config   the running configuration
     POST   /_sim/config   {"slots": 1, "decode_tps": 20, ...}  change speed and capacity knobs
+    POST   /_sim/flush    empty every prompt cache; only preloaded models stay resident
+    POST   /_sim/estimate a chat or completion body -> {"firstTokenMs": ...} if sent now
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ from typing import Any
 
 from aiohttp import web
 
+from hubpool_sim.estimate import first_token_ms
 from hubpool_sim.faults import coerce_fault
 from hubpool_sim.replies import engine_of
+from hubpool_sim.text import body_prompt
 
 
 def _reply(body: Any, status: int = 200) -> web.Response:
@@ -73,7 +77,23 @@ async def set_config(request: web.Request) -> web.Response:
     return _reply(engine_of(request).config.to_dict())
 
 
+async def flush(request: web.Request) -> web.Response:
+    engine_of(request).flush()
+    return _reply(engine_of(request).snapshot())
+
+
+async def estimate(request: web.Request) -> web.Response:
+    body = await _body(request)
+    engine = engine_of(request)
+    model = engine.config.find_model(body.get("model") if isinstance(body, dict) else None)
+    if model is None:
+        return _reply({"error": "name one of the engine's models"}, 404)
+    return _reply({"firstTokenMs": round(first_token_ms(engine, model, body_prompt(body)), 3)})
+
+
 def add_routes(app: web.Application) -> None:
+    app.router.add_post("/_sim/flush", flush)
+    app.router.add_post("/_sim/estimate", estimate)
     app.router.add_get("/_sim/stats", stats)
     app.router.add_get("/_sim/faults", list_faults)
     app.router.add_post("/_sim/faults", add_fault)

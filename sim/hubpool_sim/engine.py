@@ -20,6 +20,9 @@ from hubpool_sim.faults import Fault, FaultBook, coerce_fault
 from hubpool_sim.flavors import FLAVORS
 from hubpool_sim.text import common_prefix, count_tokens, token_text
 
+#: the shortest sleep a decode loop takes; shorter per-token delays are slept in batches
+MIN_SLEEP_S = 0.004
+
 
 @dataclass
 class Generation:
@@ -38,6 +41,8 @@ class Generation:
     context: int = 0  # the window this request runs at (Ollama: options.num_ctx)
     cacheable: bool = True
     arrived: float = field(default_factory=time.monotonic)
+    #: the engine's time_scale: waits are real seconds times this, reported durations are not
+    scale: float = 1.0
     cached_tokens: int = 0
     load_s: float = 0.0
     prompt_s: float = 0.0
@@ -83,7 +88,8 @@ class Generation:
         return "".join(self.token(i) for i in range(self.emitted_tokens))
 
     def total_s(self) -> float:
-        return time.monotonic() - self.arrived
+        """Seconds since arrival as the engine reports them (unscaled)."""
+        return (time.monotonic() - self.arrived) / self.scale
 
 
 @dataclass
@@ -95,6 +101,8 @@ class Slot:
     prompt: bytes = b""
     busy: bool = False
     used_at: float = 0.0
+    #: when the generation holding it is planned to end (monotonic, real seconds)
+    busy_until: float = 0.0
 
 
 class SlotPool:
@@ -196,6 +204,9 @@ class Stats:
     faults_served: int = 0
     peak_in_flight: int = 0
     last_request: dict[str, Any] | None = None
+    #: prompt tokens of the generations served, and the part the prompt cache held
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
 
 
 @dataclass
@@ -243,6 +254,8 @@ class Engine:
             "aborted": s.aborted,
             "dropped": s.dropped,
             "faults_served": s.faults_served,
+            "prompt_tokens": s.prompt_tokens,
+            "cached_tokens": s.cached_tokens,
             "faults": self.faults.active(),
             "last_request": s.last_request,
         }
@@ -250,6 +263,18 @@ class Engine:
     def reset(self) -> None:
         self.stats = Stats()
         self.faults.clear()
+
+    def flush(self) -> None:
+        """Back to a cold start: every slot's prompt cache empty, only the preloaded models
+        resident (a benchmark's next run starts where the last one did)."""
+        for slot in self.pool.slots:
+            slot.prompt, slot.model = b"", None
+        self.resident.clear()
+        self.last_model = None
+        for model_id in self.config.preloaded:
+            model = self.config.find_model(model_id)
+            if model is not None:
+                self.mark_resident(model, model.window)
 
     def configure(self, changes: dict[str, Any]) -> None:
         self.config.update(changes)
@@ -283,21 +308,27 @@ class Engine:
         """
         slot = await self.pool.acquire(gen.model.id, gen.prompt if gen.cacheable else b"")
         self.stats.peak_in_flight = max(self.stats.peak_in_flight, self.pool.in_flight)
+        scale = gen.scale = self.config.time_scale
         try:
             if gen.cacheable:
                 if self.config.prompt_cache and gen.prompt_tokens > 1:
                     shared = common_prefix(slot.prompt, gen.prompt) // 4
                     gen.cached_tokens = min(shared, gen.prompt_tokens - 1)
                 slot.prompt = gen.prompt
-            if gen.model.id not in self.resident and self.config.load_ms > 0:
-                gen.load_s = self.config.load_ms / 1000.0
-                await asyncio.sleep(gen.load_s)
+                self.stats.prompt_tokens += gen.prompt_tokens
+                self.stats.cached_tokens += gen.cached_tokens
+            load = self.config.load_ms / 1000.0 if gen.model.id not in self.resident else 0.0
+            prefill = self.config.prefill_s(gen.evaluated_tokens)
+            planned = load + prefill + gen.emitted_tokens * self.config.token_delay_s
+            slot.busy_until = time.monotonic() + planned * scale
+            if load > 0:
+                gen.load_s = load
+                await asyncio.sleep(load * scale)
             self.mark_resident(gen.model, gen.context)
             started = time.monotonic()
-            delay = self.config.prefill_s(gen.evaluated_tokens)
-            if delay:
-                await asyncio.sleep(delay)
-            gen.prompt_s = time.monotonic() - started
+            if prefill:
+                await asyncio.sleep(prefill * scale)
+            gen.prompt_s = (time.monotonic() - started) / scale
             yield slot
         finally:
             self.pool.release(slot)
@@ -305,9 +336,16 @@ class Engine:
     async def decode(self, gen: Generation) -> AsyncIterator[str]:
         """The answer's tokens, one every ``token_delay_s``."""
         started = time.monotonic()
+        owed = 0.0
         for index in range(gen.emitted_tokens):
-            delay = self.config.token_delay_s
-            if delay:
-                await asyncio.sleep(delay)
+            delay = self.config.token_delay_s * self.config.time_scale
+            owed += delay
+            # a scaled clock makes delays of a millisecond or less: those are slept in batches
+            # (a timer per token would cost more CPU than the token), on schedule overall
+            if delay and (owed >= MIN_SLEEP_S or self.config.time_scale == 1.0):
+                await asyncio.sleep(owed)
+                owed = 0.0
             yield gen.token(index)
-        gen.decode_s = time.monotonic() - started
+        if owed:
+            await asyncio.sleep(owed)
+        gen.decode_s = (time.monotonic() - started) / self.config.time_scale

@@ -53,6 +53,26 @@ async def llamacpp_slots(request: web.Request) -> web.Response:
     return json_reply(200, [{"id": s.id, "n_ctx": window, "is_processing": s.busy} for s in slots])
 
 
+async def vllm_is_sleeping(request: web.Request) -> web.Response:
+    """vLLM's sleep mode state; 404 unless the engine was configured with one (as vLLM serves
+    the route only with --enable-sleep-mode)."""
+    sleeping = engine_of(request).config.sleeping
+    if sleeping is None:
+        return json_reply(404, {"detail": "Not Found"})
+    return json_reply(200, {"is_sleeping": sleeping})
+
+
+async def llamacpp_models(request: web.Request) -> web.Response:
+    """llama-server's router mode: every model with its load status; 404 outside router mode."""
+    engine = engine_of(request)
+    if not engine.config.router:
+        return json_reply(404, {"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}})
+    resident = {m.id for m, _ in engine.resident_models()}
+    return json_reply(200, {"data": [{"id": m.id, "object": "model", "owned_by": "llamacpp",
+                                      "status": {"value": "loaded" if m.id in resident else "unloaded"}}
+                                     for m in engine.config.models]})
+
+
 async def lemonade_health(request: web.Request) -> web.Response:
     engine = engine_of(request)
     loaded = engine.resident_models()

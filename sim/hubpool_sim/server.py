@@ -74,9 +74,10 @@ def _routes(flavor: Flavor, engine_config: SimConfig) -> tuple[list[tuple[str, s
     generation |= served & {agent.MESSAGES, agent.RESPONSES}
     embedding |= served & {agent.RERANK}
     extra: dict[str, list[tuple[str, Handler]]] = {
-        "vllm": [("/health", probes.vllm_health), ("/metrics", probes.vllm_metrics)],
+        "vllm": [("/health", probes.vllm_health), ("/metrics", probes.vllm_metrics),
+                 ("/is_sleeping", probes.vllm_is_sleeping)],
         "llamacpp": [("/health", probes.llamacpp_health), ("/props", probes.llamacpp_props),
-                     ("/slots", probes.llamacpp_slots)],
+                     ("/slots", probes.llamacpp_slots), ("/models", probes.llamacpp_models)],
         "lemonade": [("/api/v1/health", probes.lemonade_health)],
         "omlx": [("/health", probes.omlx_health)],
     }
@@ -156,6 +157,13 @@ def build_app(engine: Engine) -> web.Application:
 
     app = web.Application(middlewares=[front_door], client_max_size=_MAX_BODY)
     app[ENGINE] = engine
+    if engine.config.name:
+        name = engine.config.name
+
+        async def stamp(request: web.Request, response: web.StreamResponse) -> None:
+            response.headers["X-Sim-Name"] = name
+
+        app.on_response_prepare.append(stamp)
     for method, path, handler in routes:
         app.router.add_route(method, path, handler)
     control.add_routes(app)

@@ -403,3 +403,33 @@ def wait_for_depth(engine: LlamacppEngine, want: int, timeout: float = 8.0) -> i
         if depth == want or time.monotonic() > deadline:
             return depth
         time.sleep(0.05)
+
+
+# -- what predicted time to first token reads (docs/placement.md) -----------------------------
+
+
+def test_residency_slots_and_speed_of_a_real_llama_server_reach_the_peer(tmp_path, start_llama):
+    """The real engine's memory state (a classic server holds its one model while it answers),
+    its slot count and its timed speed, advertised by the node beside it to the entry node."""
+    server = start_llama(slots=2, ctx=4096)
+    nodes = two_nodes(tmp_path, {}, {"LLAMACPP_URL": server.url})
+    a, b = nodes["hub-a"], nodes["hub-b"]
+    try:
+        b.run(b.node.residency_sampler.sample())
+        prompt = [{"role": "user", "content": "hello " * 50}]
+        r = httpx.post(a.url + "/v1/chat/completions", json={"model": MODEL_ID, "messages": prompt,
+                                                             "max_tokens": 4}, timeout=30)
+        assert r.status_code == 200 and r.headers["x-hub-pool-served-by"] == fqdn("hub-b")
+        a.run(a.node.health.poll_once())
+        with a.client(headers=a.headers()) as c:
+            peer = next(p for p in c.get(P + "/status").json()["peers"] if p["nodeFqdn"] == fqdn("hub-b"))
+        caps = peer["lastCapabilities"]
+        assert {"backend": "llamacpp", "models": [MODEL_ID]} in caps["resident"]
+        assert {"backend": "llamacpp", "slots": 2} in caps["engineSlots"]
+        spoken = {(s["backend"], s["model"]): s for s in caps["speed"]}
+        assert spoken[("llamacpp", MODEL_ID.lower())]["prefillTps"] > 0  # from llama-server's own timings
+        # the entry node timed the forward from the same timings, and would rank with it
+        assert a.node.speed.get(fqdn("hub-b"), "llamacpp", MODEL_ID).prefill_tps > 0
+        assert peer["resident"] == caps["resident"]
+    finally:
+        stop_all(nodes)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Any
 
@@ -76,11 +77,19 @@ class LlamacppEngine(Engine):
                 return ProbeResult(running=True, healthy=False, error=error)
             if health.status != 200:  # a 200 that is not JSON still goes on to the listing
                 return health.unhealthy()
-            entries = await self.openai_models(http)
+            # the listing and /props side by side: a live probe per request (poolProbeSnapshotTtlMs
+            # 0, the spec's default) waits for the slower of the two rather than both in turn
+            listing, props = await asyncio.gather(self.openai_models(http), self._props(http),
+                                                  return_exceptions=True)
+            if isinstance(listing, BaseException):
+                raise listing
+            entries = listing
             other = self.other_engine_result(e.get("owned_by") for e in entries)
             if other:
                 return other
-            n_ctx, slots = await self._props(http)
+            if isinstance(props, BaseException):
+                raise props
+            n_ctx, slots = props
             models = tuple(
                 ModelInfo(
                     id=e["id"],
@@ -102,6 +111,23 @@ class LlamacppEngine(Engine):
         if not result.healthy:
             return None
         return [ResidentModel(id=m.id, context_window=m.context_window) for m in result.models]
+
+    async def resident_models(self, http: httpx.AsyncClient) -> list[ResidentModel] | None:
+        """In router mode (started without a model), ``GET /models`` lists every model with
+        its ``status`` (``loaded``, ``loading``, ``unloaded``): the loaded ones. A server
+        started with one model has no such list and holds that model while it answers
+        (:meth:`residency`). ``None`` when neither answers."""
+        answer = await self.get_json(http, "/models")
+        data = answer.body.get("data") if answer.ok and isinstance(answer.body, Mapping) else None
+        if isinstance(data, list) and any(isinstance(e, Mapping) and "status" in e for e in data):
+            loaded = []
+            for entry in data:
+                status = entry.get("status") if isinstance(entry, Mapping) else None
+                value = status.get("value") if isinstance(status, Mapping) else status
+                if value == "loaded" and isinstance(entry.get("id"), str):
+                    loaded.append(ResidentModel(id=entry["id"]))
+            return loaded
+        return await self.residency(http)
 
     def timings(self, body: Mapping[str, Any]) -> Timings | None:
         """llama-server's own ``timings`` (``prompt_n`` counts only the tokens read, so the

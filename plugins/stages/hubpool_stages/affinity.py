@@ -34,6 +34,10 @@ HEADER = "X-Hub-Pool-Affinity"
 #: Chat roles that make up the leading system prompt.
 SYSTEM_ROLES = frozenset({"system", "developer"})
 
+#: With predicted-TTFT ranking on, a remembered engine qualifies only while its prediction is
+#: within this factor of the best candidate's, plus TTFT_MARGIN_MS (docs/placement.md).
+TTFT_MARGIN = 1.5
+TTFT_MARGIN_MS = 500
 #: ctx.scratch keys this stage writes (read by its observers and by contention).
 SCRATCH_KEY = "affinity_key"
 SCRATCH_SESSION = "affinity_session"
@@ -146,7 +150,7 @@ class AffinityTable:
         self.ttl_s = ttl_ms / 1000
         self.capacity = capacity
         self.clock = clock
-        self._rows: OrderedDict[str, tuple[str, str, float]] = OrderedDict()
+        self._rows: OrderedDict[str, tuple[str, str, float, int]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -162,9 +166,15 @@ class AffinityTable:
             return None
         return row[0], row[1]
 
-    def remember(self, key: str, node: str, backend: str) -> None:
-        """Write where ``key`` was placed now; the oldest placement goes past capacity."""
-        self._rows[key] = (node, backend, self.clock())
+    def tokens(self, key: str) -> int:
+        """The prompt size (pool estimate) last placed under ``key``; 0 when not said."""
+        row = self._rows.get(key)
+        return row[3] if row is not None else 0
+
+    def remember(self, key: str, node: str, backend: str, tokens: int = 0) -> None:
+        """Write where ``key`` was placed now (and, when given, how long its prompt was);
+        the oldest placement goes past capacity."""
+        self._rows[key] = (node, backend, self.clock(), tokens)
         self._rows.move_to_end(key)
         while len(self._rows) > self.capacity:
             self._rows.popitem(last=False)
@@ -217,6 +227,9 @@ class PrefixAffinityStage(Stage):
         if target is not None:
             context.scratch[SCRATCH_REMEMBERED] = remembered
             qualified, in_flight, least = self._qualifies(target, out, limit, margin)
+            if qualified and not _within_prediction(context, target, out):
+                qualified = False  # its node is no longer a good place: re-asked against the prediction
+                section["ttftMargin"] = True
             if qualified:
                 out = [target] + [c for c in out if c is not target]
                 context.scratch[SCRATCH_HOLD] = (target.node, target.backend)
@@ -235,7 +248,8 @@ class PrefixAffinityStage(Stage):
         found = session_key(context)
         remembered = self.table.get(found[1]) if found else None
         target = _find(ranking, remembered) if remembered else None
-        if target is None or not self._qualifies(target, ranking, _limit(context), _margin(context))[0]:
+        if target is None or not self._qualifies(target, ranking, _limit(context), _margin(context))[0] \
+                or not _within_prediction(context, target, ranking):
             return None
         return target.node, target.backend
 
@@ -303,6 +317,20 @@ class PrefixAffinityStage(Stage):
         if candidate.is_local and load is not None:
             return load.local
         return candidate.in_flight
+
+
+def _within_prediction(context: Any, target: Any, ranking: Sequence[Any]) -> bool:
+    """Whether the remembered engine's predicted time to first token (the predicted-TTFT
+    stage's, which counts the prefix it holds) is within the margin of the best candidate's;
+    true when either has no prediction (the stage off, or no evidence)."""
+    table = context.scratch.get("ttft_predicted")
+    if not isinstance(table, dict):
+        return True
+    mine = table.get(id(target))
+    best = min((v for c in ranking if (v := table.get(id(c))) is not None), default=None)
+    if mine is None or best is None:
+        return True
+    return mine <= best * TTFT_MARGIN + TTFT_MARGIN_MS
 
 
 def _find(ranking: Sequence[Any], remembered: tuple[str, str]) -> Any | None:

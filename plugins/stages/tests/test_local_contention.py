@@ -28,10 +28,11 @@ def judge(build, ranking, node, ctx):
 def test_the_hook_registers_every_stage_in_order():
     from hubpool_stages.splits import ContextCapStage, PromptCeilingStage, SlotsStage
     from hubpool_stages.throughput import SlowerPlacementStage, ThroughputStage
+    from hubpool_stages.ttft import PredictedTtftStage
 
     got = []
     hubpool_register_stages(register=got.append)
-    assert got == [PrefixAffinityStage, ContextCapStage, PromptCeilingStage, SlotsStage, ThroughputStage,
+    assert got == [PredictedTtftStage, PrefixAffinityStage, ContextCapStage, PromptCeilingStage, SlotsStage, ThroughputStage,
                    LocalContentionStage, SlowerPlacementStage]
     assert [cls.order for cls in got] == sorted(cls.order for cls in got)
     assert LocalContentionStage.order == 600 and LocalContentionStage.section == "contention"

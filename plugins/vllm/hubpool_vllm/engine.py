@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from hubpool_core import OPENAI, Engine, ProbeResult
+from hubpool_core import OPENAI, Engine, ProbeResult, ResidentModel
 
 #: vLLM's scheduler gauges on ``/metrics`` (one sample per model_name and engine label).
 RUNNING = "vllm:num_requests_running"
@@ -56,6 +56,21 @@ class VllmEngine(Engine):
         generative model has no ``/v1/rerank``, a cross-encoder no ``/v1/messages``), so
         a missing route answers 404. See :meth:`probe_agent_routes`."""
         return await self.probe_agent_routes(http)
+    async def resident_models(self, http: httpx.AsyncClient) -> list[ResidentModel] | None:
+        """vLLM's sleep mode (``GET /is_sleeping``, served with ``--enable-sleep-mode``): a
+        sleeping server has put its weights away and holds nothing until woken; an awake one
+        holds what it lists. ``None`` when the route is not served or the answer unreadable
+        (the inventory then stands for residency)."""
+        answer = await self.get_json(http, "/is_sleeping")
+        body = answer.body if answer.ok else None
+        sleeping = body.get("is_sleeping") if isinstance(body, dict) else None
+        if not isinstance(sleeping, bool):
+            return None
+        if sleeping:
+            return []
+        result = await self.probe(http)
+        return [ResidentModel(id=m.id, context_window=m.context_window) for m in result.models] \
+            if result.healthy else None
 
     async def queue_depth(self, http: httpx.AsyncClient) -> int | None:
         """Requests vLLM is running plus the ones waiting in its scheduler, from

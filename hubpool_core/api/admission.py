@@ -1,0 +1,318 @@
+"""The pool-wide admission queue (``poolAdmissionQueue``; hubpool's own, docs/placement.md).
+
+When every candidate for a request is at its known concurrency (in flight at or beyond the
+slots its engine reports or its node states), sending it anyway over-commits one of them:
+it waits inside that engine, behind work the pool cannot move. With the queue on, the entry
+node holds it instead, in a bounded queue, and places it again — the same placement, the
+same stages — whenever a request it counted finishes, so it goes to whichever candidate
+frees first (late binding). A candidate whose slots nothing states is never full: a pool
+that states nothing never queues.
+
+Order: interactive before batch (``poolAdmissionBatchKeys`` names the inference keys whose
+work is batch), then fair share between keys (the key served least goes next), then
+arrival. Overflow answers 429 and a wait past the request's own budget 503, both with
+``Retry-After`` in the route's dialect; a streamed OpenAI request gets SSE comment
+keep-alives while it waits (its 200 is then sent before the wait ends, and a failure after
+that is an SSE error frame). The routing-log row carries ``queuedMs``, the answer
+``X-Hub-Pool-Queued-Ms``. With the setting at 0 nothing here runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.types import Receive, Scope, Send
+
+from hubpool_core.api.dialects import error_body as dialect_error_body
+from hubpool_core.engine import AGENT_DIALECTS, OPENAI
+from hubpool_core.placement import NoAutoModel, PlacementRequest, Plan, place, snapshot_of
+from hubpool_core.placement.speed import candidate_slots
+
+log = logging.getLogger("hubpool.admission")
+
+INTERACTIVE, BATCH = 0, 1
+#: how often a waiting request is placed again even when nothing this node counted finished
+#: (a peer's load changes with its own apps' work, seen at its polls and forwarded answers)
+RECHECK_S = 0.25
+#: a streamed OpenAI request waiting this long starts getting keep-alive comments, this often
+KEEPALIVE_AFTER_S = 5.0
+KEEPALIVE_EVERY_S = 5.0
+QUEUED_HEADER = "X-Hub-Pool-Queued-Ms"
+
+
+def saturated(plan: Plan, settings: Any, engine_by_kind: dict[str, Any]) -> bool:
+    """Every candidate is at (or past) its known concurrency; False when any has a free slot
+    or states none."""
+    if not plan.candidates:
+        return False
+    for cand in plan.candidates:
+        slots = candidate_slots(cand, settings, engine_by_kind)
+        if slots is None or cand.in_flight < slots:
+            return False
+    return True
+
+
+def free_first(plan: Plan, settings: Any, engine_by_kind: dict[str, Any]) -> None:
+    """With the queue on, a candidate at its known concurrency goes behind every one with a
+    free slot (or no stated count), in order otherwise: sending to it would over-commit it
+    while another could start the request now."""
+    full = [c for c in plan.candidates
+            if (slots := candidate_slots(c, settings, engine_by_kind)) is not None and c.in_flight >= slots]
+    if full and len(full) < len(plan.candidates):
+        plan.candidates = [c for c in plan.candidates if c not in full] + full
+
+
+@dataclass(eq=False)
+class Waiter:
+    request: PlacementRequest
+    key: str
+    klass: int
+    seq: int
+    enqueued: float = field(default_factory=time.monotonic)
+    ready: asyncio.Future[Plan] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+    def waited_ms(self) -> int:
+        return int((time.monotonic() - self.enqueued) * 1000)
+
+
+class AdmissionQueue:
+    """The node's one queue, and the pump that places its waiters as capacity frees."""
+
+    def __init__(self, node: Any):
+        self.node = node
+        self.waiters: list[Waiter] = []
+        self.served: dict[str, int] = {}
+        self._seq = itertools.count()
+        self._wake = asyncio.Event()
+        self._pump: asyncio.Task[None] | None = None
+        #: counters for status and metrics
+        self.dispatched = 0
+        self.overflowed = 0
+        self.expired = 0
+        self.abandoned = 0
+        self.wait_ms_total = 0
+
+    def wake(self) -> None:
+        """A request this node counted finished: capacity may have freed."""
+        if self.waiters:
+            self._wake.set()
+
+    def waiting_for(self, model: str) -> bool:
+        return any(w.request.model == model for w in self.waiters)
+
+    def status(self) -> dict[str, Any]:
+        now = time.monotonic()
+        return {"queued": len(self.waiters),
+                "interactive": sum(1 for w in self.waiters if w.klass == INTERACTIVE),
+                "batch": sum(1 for w in self.waiters if w.klass == BATCH),
+                "oldestWaitMs": int((now - min(w.enqueued for w in self.waiters)) * 1000) if self.waiters else 0,
+                "dispatched": self.dispatched, "overflowed": self.overflowed, "expired": self.expired,
+                "abandoned": self.abandoned,
+                "meanWaitMs": round(self.wait_ms_total / self.dispatched) if self.dispatched else None}
+
+    def enqueue(self, request: PlacementRequest, key: str, klass: int) -> Waiter | None:
+        """A new waiter, or ``None`` when the queue is full."""
+        limit = int(self.node.settings.current.poolAdmissionQueue or 0)
+        if len(self.waiters) >= limit:
+            self.overflowed += 1
+            return None
+        waiting = [self.served.get(w.key, 0) for w in self.waiters if w.klass == klass]
+        if waiting:  # a key arriving now does not jump the keys already waiting
+            self.served[key] = max(self.served.get(key, 0), min(waiting))
+        waiter = Waiter(request, key, klass, next(self._seq))
+        self.waiters.append(waiter)
+        if self._pump is None or self._pump.done():
+            self._pump = asyncio.ensure_future(self._run())
+        self._wake.set()
+        return waiter
+
+    def leave(self, waiter: Waiter) -> None:
+        if waiter in self.waiters:
+            self.waiters.remove(waiter)
+
+    def ordered(self) -> list[Waiter]:
+        return sorted(self.waiters, key=lambda w: (w.klass, self.served.get(w.key, 0), w.seq))
+
+    async def _run(self) -> None:
+        while self.waiters:
+            try:
+                await asyncio.wait_for(self._wake.wait(), RECHECK_S)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                await self._place_waiters()
+            except Exception:  # noqa: BLE001 - the pump must outlive one bad placement
+                log.exception("admission queue: placing a waiter failed")
+
+    async def _place_waiters(self) -> None:
+        blocked: set[str] = set()
+        node = self.node
+        for waiter in self.ordered():
+            if waiter.ready.done() or waiter.request.model in blocked:
+                continue
+            snapshot = await snapshot_of(node)
+            request = waiter.request
+            again = PlacementRequest(request.route, request.dialect, request.route_class, request.model,
+                                     dict(request.body), request.raw, request.stream, request.session_header)
+            plan = await place(snapshot, again)
+            if isinstance(plan, NoAutoModel) or not plan.candidates:
+                self._release(waiter, plan)  # answered as the walk would: the 502
+                continue
+            if saturated(plan, snapshot.settings, node.engine_by_kind):
+                blocked.add(request.model)  # same-model waiters keep their order
+                continue
+            free_first(plan, snapshot.settings, node.engine_by_kind)
+            first = plan.candidates[0]
+            # reserved now, so the next waiter sees this slot taken; the walk's first attempt
+            # counts it as its own (RelayPlan.reserved)
+            node.load.acquire(first.peer_id, (first.backend, plan.model, plan.context.num_ctx)
+                              if first.is_local else None)
+            self._release(waiter, plan)
+
+    def _release(self, waiter: Waiter, plan: Any) -> None:
+        self.leave(waiter)
+        if isinstance(plan, Plan) and plan.candidates:
+            self.served[waiter.key] = self.served.get(waiter.key, 0) + 1
+            self.dispatched += 1
+            self.wait_ms_total += waiter.waited_ms()
+        if not waiter.ready.done():
+            waiter.ready.set_result(plan)
+
+
+def error_body(dialect: str, status: int, message: str) -> bytes:
+    """The route's dialect: OpenAI's error object, the agent dialects' own, or the native
+    ``{"error": "..."}``."""
+    if dialect in AGENT_DIALECTS:
+        code = "queue_full" if status == 429 else "queue_timeout"
+        return json.dumps(dialect_error_body(dialect, status, message, code)).encode()
+    if dialect == OPENAI:
+        kind = "rate_limit_error" if status == 429 else "overloaded_error"
+        code = "queue_full" if status == 429 else "queue_timeout"
+        return json.dumps({"error": {"message": message, "type": kind, "code": code}}).encode()
+    return json.dumps({"error": message}).encode()
+
+
+def retry_after_s(queue: AdmissionQueue) -> int:
+    """A hint for Retry-After: the mean wait so far, at least a second."""
+    mean = queue.status()["meanWaitMs"] or 1000
+    return max(1, math.ceil(mean / 1000))
+
+
+class QueuedResponse:
+    """The ASGI answer for a request that waits its turn: it waits inside the response (so it
+    can watch the app hang up and send keep-alives), then relays as any placed request."""
+
+    def __init__(self, node: Any, waiter: Waiter, row: dict[str, Any], budget_ms: int,
+                 relay: Any, background: Any = None):
+        self.node, self.waiter, self.row, self.budget_ms = node, waiter, row, budget_ms
+        #: (plan, send_prefix_sent) -> an ASGI response relaying the placed request
+        self.relay = relay
+        self.background = background
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        node, waiter, row = self.node, self.waiter, self.row
+        queue: AdmissionQueue = node.admission
+        request = waiter.request
+        keepalive = request.stream and request.dialect == OPENAI
+        gone = asyncio.ensure_future(_disconnected(receive))
+        started_stream = False
+        deadline = time.monotonic() + self.budget_ms / 1000
+        try:
+            while True:
+                timeout = deadline - time.monotonic()
+                if keepalive:
+                    first = waiter.enqueued + KEEPALIVE_AFTER_S
+                    timeout = min(timeout, max(0.0, first - time.monotonic()) if not started_stream
+                                  else KEEPALIVE_EVERY_S)
+                pending: set[asyncio.Future[Any]] = {waiter.ready, gone}
+                done, _ = await asyncio.wait(pending, timeout=max(0.0, timeout),
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if waiter.ready in done:
+                    break
+                if gone in done:
+                    queue.leave(waiter)
+                    queue.abandoned += 1
+                    waited = waiter.waited_ms()
+                    node.routing_log.touch(row, outcome="failed", status=None, clientClosed=True, queuedMs=waited,
+                                           durationMs=waited, totalMs=waited,
+                                           reason=f"the app closed its connection after {waited} ms in the "
+                                                  "admission queue; no node had been asked")
+                    node.plugins.broadcast_request_finished(row)
+                    return
+                if time.monotonic() >= deadline:
+                    queue.leave(waiter)
+                    queue.expired += 1
+                    await self._refuse(send, 503, f"Every node that serves {request.model} stayed busy for the "
+                                                  f"request's {self.budget_ms} ms budget; retry later",
+                                       started_stream)
+                    return
+                if keepalive:  # a comment line: SSE clients ignore it, proxies see traffic
+                    if not started_stream:
+                        await send({"type": "http.response.start", "status": 200, "headers": [
+                            (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
+                            (b"x-hub-pool-request-id", row["id"].encode())]})
+                        started_stream = True
+                    await send({"type": "http.response.body", "body": b": queued\n\n", "more_body": True})
+        finally:
+            gone.cancel()
+        plan = waiter.ready.result()
+        waited = waiter.waited_ms()
+        node.routing_log.touch(row, queuedMs=waited)
+        response = self.relay(plan, waited)
+        await response(scope, receive, _AfterKeepalive(send) if started_stream else send)
+
+    async def _refuse(self, send: Send, status: int, message: str, started_stream: bool) -> None:
+        node, row, waiter = self.node, self.row, self.waiter
+        waited = waiter.waited_ms()
+        node.routing_log.touch(row, outcome="failed", status=status, queuedMs=waited, durationMs=waited,
+                               totalMs=waited, reason=message[:200])
+        node.plugins.broadcast_request_finished(row)
+        retry = str(retry_after_s(node.admission)).encode()
+        body = error_body(waiter.request.dialect, status, message)
+        if started_stream:
+            await send({"type": "http.response.body", "body": b"data: " + body + b"\n\n", "more_body": True})
+            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+            return
+        await send({"type": "http.response.start", "status": status, "headers": [
+            (b"content-type", b"application/json"), (b"retry-after", retry),
+            (b"x-hub-pool-request-id", row["id"].encode()), (QUEUED_HEADER.lower().encode(), str(waited).encode())]})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+class _AfterKeepalive:
+    """The relay's ASGI send once keep-alives committed a 200 SSE answer: its own start is
+    dropped (a 200 stream's headers are already out); a failure's body becomes an SSE error
+    frame, since the status can no longer change."""
+
+    def __init__(self, send: Send):
+        self.send = send
+        self.failed = False
+
+    async def __call__(self, message: Any) -> None:
+        if message["type"] == "http.response.start":
+            self.failed = message["status"] != 200
+            return
+        if self.failed:
+            body = message.get("body", b"")
+            if body:
+                await self.send({"type": "http.response.body", "body": b"data: " + body.strip() + b"\n\n",
+                                 "more_body": True})
+            if not message.get("more_body", False):
+                await self.send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+            return
+        await self.send(message)
+
+
+async def _disconnected(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return

@@ -1,0 +1,162 @@
+"""Predicted time to first token as the ranking (order 50, before affinity; hubpool's own
+departure from the spec's queue-depth ranking, docs/placement.md).
+
+The spec orders candidates by queue depth, so a 1-slot box ten times slower with nothing in
+flight outranks a 4-slot box with two. This stage predicts, per candidate, the time to a
+first token: the queue wait its in-flight work leaves (in flight beyond its known slots,
+times how long a request holds a slot, over the slots), the prefill of the part of the
+prompt its engine does not already hold (the node that last took this session holds the
+session's previous prompt), and the model load when its engine says the model is not in
+memory. It applies to every prompt size.
+
+Where a candidate has no evidence (no measured speed, or in flight with no known slot count)
+it keeps its queue-depth place: the candidates with a prediction are ordered among the
+places they hold, and the others do not move, so an unmeasured node is explored as today.
+``poolTtftRanking`` 0 turns the stage off: the ranking is then the spec's exactly.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from hubpool_core import Stage
+from hubpool_core.placement.speed import (
+    DEFAULT_LOAD_MS,
+    advertised_prior,
+    advertised_residency,
+    advertised_speed,
+    candidate_slots,
+    merged,
+)
+from hubpool_stages.affinity import AffinityTable, session_key, ttl_ms_from
+
+#: ctx.scratch keys written here: id(candidate) -> predicted ms (None: no evidence), and the section
+SCRATCH_PREDICTED = "ttft_predicted"
+SCRATCH_KEY = "ttft_session"
+
+
+def ranking_on(context: Any) -> bool:
+    return int(getattr(context.settings, "poolTtftRanking", 0) or 0) > 0
+
+
+class PredictedTtftStage(Stage):
+    """Orders the candidates that have evidence by predicted time to first token.
+
+    Section ``ttft`` (``None`` when fewer than two candidates have a prediction):
+    ``{estimatedTokens, predictions: [{node, backend, predictedMs, waitMs, prefillMs, loadMs,
+    cachedTokens, inFlight, slots}], unmeasured: [node], moved}``; ``moved`` is whether the
+    order differs from the queue-depth one.
+    """
+
+    name = "predicted_ttft"
+    section = "ttft"
+    order = 50
+
+    def __init__(self, node: Any = None) -> None:
+        super().__init__(node)
+        #: where each session's prompt was last placed, and how long it was: that engine holds it
+        self.holders = AffinityTable(ttl_ms_from(os.environ))
+
+    def enabled(self, context: Any) -> bool:
+        """On while ``poolTtftRanking`` is 1, on the routes that take a slot (not ``show``)."""
+        return ranking_on(context) and context.route_class != "show"
+
+    # -- the evidence ------------------------------------------------------------------
+    def slots_of(self, candidate: Any, context: Any) -> int | None:
+        """Requests the candidate's engine runs at once (reported, else stated)."""
+        return candidate_slots(candidate, context.settings, getattr(self.node, "engine_by_kind", None) or {})
+
+    def speed_of(self, candidate: Any, model: str) -> Any:
+        """This engine's measured speed for the model; for a model it never served, the node's
+        speed on another (a prior: the first request is then priced, a cold load included)."""
+        book = getattr(self.node, "speed", None)
+        observed = book.get(candidate.node, candidate.backend, model) if book is not None else None
+        caps = None if candidate.is_local else getattr(candidate.peer, "last_capabilities", None)
+        speed = observed if candidate.is_local else merged(observed, advertised_speed(caps, candidate.backend, model))
+        if speed is not None and speed.prefill_tps is not None:
+            return speed
+        prior = book.node_prior(candidate.node) if book is not None else None
+        return prior if prior is not None or candidate.is_local else advertised_prior(caps)
+
+    def resident(self, candidate: Any, model: str) -> bool | None:
+        view = getattr(self.node, "residency", None)
+        known = view.resident(candidate.node, candidate.backend, model) if view is not None else None
+        if known is True or candidate.is_local:
+            return known
+        models = advertised_residency(getattr(candidate.peer, "last_capabilities", None), candidate.backend)
+        if models is None:
+            return known
+        from hubpool_core.placement import same_model
+
+        return any(same_model(m, model) for m in models)
+
+    def predict(self, candidate: Any, context: Any, cached: int) -> dict[str, Any] | None:
+        """The prediction's parts for one candidate, or ``None`` without evidence."""
+        speed = self.speed_of(candidate, context.model)
+        if speed is None or speed.prefill_tps is None:
+            return None
+        slots = self.slots_of(candidate, context)
+        in_flight = candidate.in_flight
+        if in_flight and slots is None:
+            return None  # busy, and nothing says whether the request would run beside it or behind it
+        wait = 0.0
+        if slots is not None and in_flight >= slots:
+            if speed.service_ms is None:
+                return None
+            wait = (in_flight - slots + 1) * speed.service_ms / slots
+        tokens = max(0, context.estimated_tokens - cached)
+        prefill = tokens / speed.prefill_tps * 1000.0
+        resident = self.resident(candidate, context.model)
+        load = 0.0 if resident is not False else (speed.load_ms or DEFAULT_LOAD_MS)
+        return {"node": candidate.node, "backend": candidate.backend, "predictedMs": round(wait + prefill + load),
+                "waitMs": round(wait), "prefillMs": round(prefill), "loadMs": round(load),
+                "cachedTokens": cached, "inFlight": in_flight, "slots": slots}
+
+    # -- the stage ---------------------------------------------------------------------
+    def apply(self, ranking: Sequence[Any], context: Any) -> tuple[list[Any], dict[str, Any] | None]:
+        out = list(ranking)
+        holder = None
+        found = session_key(context) if context.judged else None
+        if found is not None:
+            context.scratch[SCRATCH_KEY] = found[1]
+            holder = self.holders.get(found[1])
+        held_tokens = self.holders.tokens(found[1]) if found is not None and holder is not None else 0
+        predictions: dict[int, dict[str, Any] | None] = {}
+        for cand in out:
+            cached = min(held_tokens, context.estimated_tokens) if holder == (cand.node, cand.backend) else 0
+            predictions[id(cand)] = self.predict(cand, context, cached)
+        context.scratch[SCRATCH_PREDICTED] = {k: (v["predictedMs"] if v else None) for k, v in predictions.items()}
+        places = [i for i, c in enumerate(out) if predictions[id(c)] is not None]
+        if len(places) < 2:
+            return out, None
+        measured = sorted((out[i] for i in places), key=lambda c: (predictions[id(c)]["predictedMs"],
+                                                                   out.index(c)))
+        result = list(out)
+        for at, cand in zip(places, measured, strict=True):
+            result[at] = cand
+        section = {"estimatedTokens": context.estimated_tokens,
+                   "predictions": [predictions[id(c)] for c in result if predictions[id(c)] is not None],
+                   "unmeasured": [c.node for c in result if predictions[id(c)] is None],
+                   "moved": any(a is not b for a, b in zip(result, out, strict=True))}
+        return result, section
+
+    # -- the walk ------------------------------------------------------------------------
+    def placed(self, context: Any, candidate: Any) -> None:
+        """The engine the walk tries holds this session's prompt from now on."""
+        self._remember(context, candidate)
+
+    def failed_over(self, context: Any, candidate: Any) -> None:
+        self._remember(context, candidate)
+
+    def exhausted(self, context: Any) -> None:
+        key = context.scratch.get(SCRATCH_KEY)
+        if key is not None:
+            self.holders.forget(key)
+
+    def _remember(self, context: Any, candidate: Any) -> None:
+        key = context.scratch.get(SCRATCH_KEY)
+        if key is not None:
+            self.holders.remember(key, candidate.node, candidate.backend, tokens=context.estimated_tokens)
+

@@ -1,0 +1,181 @@
+"""Predicted time to first token (hypothesis): with ``poolTtftRanking`` 0 the pipeline's order
+is the spec's exactly; with it on, a permutation in which candidates without evidence keep
+their queue-depth places and the others are ordered by prediction; affinity re-asked."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from hubpool_stages import (
+    ContextCapStage,
+    LocalContentionStage,
+    PredictedTtftStage,
+    PrefixAffinityStage,
+    PromptCeilingStage,
+    SlotsStage,
+    SlowerPlacementStage,
+    ThroughputStage,
+)
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hubpool_core.placement import Candidate, Load, PlacementContext, run_stages
+from hubpool_core.placement.speed import ResidencyView, SpeedBook
+
+ALL = (PredictedTtftStage, PrefixAffinityStage, ContextCapStage, PromptCeilingStage, SlotsStage, ThroughputStage,
+       LocalContentionStage, SlowerPlacementStage)
+ENGINE = SimpleNamespace(kind="eng", states_slots=True, renders_own_template=False, has_residency=False)
+
+
+def make_node(book, view=None):
+    return SimpleNamespace(load=Load(), speed=book, residency=view or ResidencyView(), engine_by_kind={"eng": ENGINE},
+                           throughput=None, env=None)
+
+
+def cfg(on, **extra):
+    values = dict(poolTtftRanking=1 if on else 0, poolPrefixAffinityMaxInFlight=0, poolPrefixAffinityMargin=0,
+                  poolLocalAffinity=1, poolSlotAwareness=0, poolPins=[], maxNumCtx=None, ollamaSlots=None,
+                  poolMaxPromptTokens=None, poolHealthPollSeconds=30)
+    values.update(extra)
+    return SimpleNamespace(**values)
+
+
+def ctx(settings_, tokens=2000, session=None):
+    return PlacementContext(route="/v1/chat/completions", route_class="chat", model="m",
+                            body={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+                            estimated_tokens=tokens, settings=settings_, session_header=session, judged=True)
+
+
+def peer(i, in_flight, slots):
+    caps = {"engineSlots": [{"backend": "eng", "slots": slots}]} if slots else {}
+    return Candidate(f"n{i}", "eng", peer=SimpleNamespace(id=f"p{i}", node_fqdn=f"n{i}", last_capabilities=caps),
+                     score=in_flight + 1, in_flight=in_flight)
+
+
+candidates = st.lists(st.tuples(st.integers(0, 6), st.one_of(st.none(), st.integers(1, 4)),
+                                st.one_of(st.none(), st.floats(50, 5000)), st.one_of(st.none(), st.floats(100, 9000))),
+                      min_size=1, max_size=6)
+
+
+def setup(specs):
+    book = SpeedBook()
+    ranking = []
+    for i, (in_flight, slots, rate, service) in enumerate(specs):
+        ranking.append(peer(i, in_flight, slots))
+        if rate is not None:
+            book.record_read(f"n{i}", "eng", "m", 1000, 1000 * 1000 / rate)
+        if service is not None:
+            book.record_service(f"n{i}", "eng", "m", service)
+    ranking.sort(key=lambda c: (c.score, c.node))
+    return book, ranking
+
+
+@settings(max_examples=150, deadline=None)
+@given(candidates, st.integers(100, 20000))
+def test_with_the_setting_off_the_order_is_the_specs_exactly(specs, tokens):
+    book, ranking = setup(specs)
+    node = make_node(book)
+    with_stage = [cls(node) for cls in ALL]
+    without = [cls(node) for cls in ALL if cls is not PredictedTtftStage]
+    got, sections = run_stages(with_stage, list(ranking), ctx(cfg(False), tokens), [])
+    spec, _ = run_stages(without, list(ranking), ctx(cfg(False), tokens), [])
+    assert [c.node for c in got] == [c.node for c in spec]
+    assert "ttft" not in sections
+
+
+@settings(max_examples=150, deadline=None)
+@given(candidates, st.integers(100, 20000))
+def test_with_it_on_only_candidates_with_evidence_move_and_they_go_by_prediction(specs, tokens):
+    book, ranking = setup(specs)
+    stage = PredictedTtftStage(make_node(book))
+    context = ctx(cfg(True), tokens)
+    out, section = stage.apply(list(ranking), context)
+    assert sorted(c.node for c in out) == sorted(c.node for c in ranking)
+    predicted = context.scratch["ttft_predicted"]
+    for before, after in zip(ranking, out, strict=True):
+        if predicted[id(before)] is None:
+            assert after is before  # no evidence: its queue-depth place
+    ordered = [predicted[id(c)] for c in out if predicted[id(c)] is not None]
+    assert ordered == sorted(ordered)
+    if section is None:
+        assert len(ordered) < 2
+
+
+def test_the_slow_box_with_nothing_in_flight_goes_behind_the_fast_box_with_two():
+    """The issue's routing log: a 1-slot box ten times slower, idle, outranked the 4-slot fast
+    box with two in flight; the slow one predicted 5.4 s against 0.44 s."""
+    book = SpeedBook()
+    book.record_read("slow", "eng", "m", 1000, 2500)  # 400 tok/s
+    book.record_read("fast", "eng", "m", 1000, 250)  # 4,000 tok/s
+    book.record_service("fast", "eng", "m", 8000)
+    slow = peer(0, 0, 1)
+    slow.node = "slow"
+    fast = peer(1, 2, 4)
+    fast.node = "fast"
+    context = ctx(cfg(True), 2000)
+    out, section = PredictedTtftStage(make_node(book)).apply([slow, fast], context)
+    assert [c.node for c in out] == ["fast", "slow"]
+    by = {p["node"]: p for p in section["predictions"]}
+    assert by["fast"]["predictedMs"] == 500 and by["slow"]["predictedMs"] == 5000 and section["moved"]
+    # the spec's order, the setting off: the idle slow box first
+    assert [c.node for c in run_stages([PredictedTtftStage(make_node(book))], [slow, fast], ctx(cfg(False)), [])[0]] \
+        == ["slow", "fast"]
+
+
+def test_a_full_box_waits_its_queue_and_a_cold_model_its_load():
+    book = SpeedBook()
+    for name in ("a", "b", "c"):
+        book.record_read(name, "eng", "m", 1000, 250)
+        book.record_service(name, "eng", "m", 4000)
+    book.record_load("c", "eng", "m", 12_000)
+    view = ResidencyView()
+    view.set("c", "eng", ["other"])  # c's engine says m is not in memory
+    a, b, c = peer(0, 3, 2), peer(1, 0, 2), peer(2, 0, 2)
+    a.node, b.node, c.node = "a", "b", "c"
+    context = ctx(cfg(True), 2000)
+    out, section = PredictedTtftStage(make_node(book, view)).apply([c, a, b], context)
+    by = {p["node"]: p for p in section["predictions"]}
+    assert by["a"]["waitMs"] == 4000  # two ahead of its second slot: (3 - 2 + 1) * 4000 / 2
+    assert by["c"]["loadMs"] == 12_000 and by["b"]["loadMs"] == 0
+    assert [x.node for x in out] == ["b", "a", "c"]
+
+
+def test_affinity_keeps_a_session_only_within_the_margin_of_the_best():
+    book = SpeedBook()
+    book.record_read("slow", "eng", "m", 1000, 2500)
+    book.record_read("fast", "eng", "m", 1000, 250)
+    node = make_node(book)
+    ttft, affinity = PredictedTtftStage(node), PrefixAffinityStage(node)
+    settings_ = cfg(True, poolPrefixAffinityMaxInFlight=2)
+    slow, fast = peer(0, 0, 1), peer(1, 0, 4)
+    slow.node, fast.node = "slow", "fast"
+    first = ctx(settings_, 20_000, session="agent-1")
+    run_stages([ttft, affinity], [slow, fast], first, [])
+    for stage in (ttft, affinity):
+        stage.placed(first, slow)  # the session's first turn ran on the slow box (a pin, a busy pool)
+    turn = ctx(settings_, 21_000, session="agent-1")
+    out, sections = run_stages([ttft, affinity], [slow, fast], turn, [])
+    # the slow box holds 20k of the 21k tokens (2.5 s to read the rest) against 5.25 s cold on
+    # the fast one: within the margin, the session stays
+    assert out[0].node == "slow" and sections["affinity"]["outcome"] == "hit"
+    longer = ctx(settings_, 60_000, session="agent-1")
+    out, sections = run_stages([ttft, affinity], [slow, fast], longer, [])
+    # 40k new tokens: 100 s on the slow box against 15 s cold on the fast one: affinity stands aside
+    assert out[0].node == "fast" and sections["affinity"]["qualified"] is False
+    assert sections["affinity"]["ttftMargin"] is True
+
+
+def test_a_model_never_served_is_priced_from_the_nodes_other_models_and_its_residency():
+    """The cold trace: nothing has timed the model anywhere, one node holds it in memory."""
+    book = SpeedBook()
+    for name in ("warm", "cold"):
+        book.record_read(name, "eng", "other-model", 1000, 250)
+    view = ResidencyView()
+    view.set("warm", "eng", ["m"])
+    view.set("cold", "eng", [])
+    cold, warm = peer(0, 0, 2), peer(1, 0, 2)
+    cold.node, warm.node = "cold", "warm"
+    out, section = PredictedTtftStage(make_node(book, view)).apply([cold, warm], ctx(cfg(True), 2000))
+    assert [c.node for c in out] == ["warm", "cold"]
+    by = {p["node"]: p for p in section["predictions"]}
+    assert by["cold"]["loadMs"] == 30_000 and by["warm"]["loadMs"] == 0
