@@ -272,8 +272,13 @@ async def upgrade_now(request: Request) -> Response:
         row = node.peers.resolve(_ident(request))
     except LookupError:
         raise PairingError(404, "No pool peer with that id") from None
+    if row.peer_public_key and row.signed_seen_at:
+        # nothing to upgrade: re-running the exchange would only reopen the bearer grace on the
+        # peer's side, so the route says so and calls nobody
+        return JSONResponse(public_peer(row) | {
+            "upgraded": False, "message": f"{row.node_fqdn} already signs its requests: there is nothing to upgrade"})
     try:
-        return JSONResponse(public_peer(await node.health.upgrade(row)))
+        return JSONResponse(public_peer(await node.health.upgrade(row)) | {"upgraded": True})
     except PeerAuthError as exc:
         raise PairingError(exc.status, str(exc)) from None
 

@@ -369,13 +369,24 @@ class Pairing:
         return public_peer(self.repo.update(row.id, enabled=enabled))
 
     async def rotate(self) -> dict[str, Any]:
-        """New keypair, same UUID; every peer is told (signed with the old key) and unpaired."""
+        """New keypair, same UUID; every peer is told (signed with the old key) and unpaired.
+
+        Checked first, changed after: an identity that cannot load (or a node secret that cannot
+        be read) answers 503 with every pairing untouched, because the unpair calls and the row
+        deletion cannot be undone and a rotation that then fails would leave the node unpaired
+        with its old, broken key."""
+        if self.node.identity.get() is None:
+            raise PairingError(503, f"This node's pool identity cannot be loaded: {self.node.identity.error}. "
+                                    "Nothing was changed: every pairing is still in place.")
+        try:
+            await asyncio.to_thread(self.node.identity.check_rotatable)
+        except Exception as exc:  # noqa: BLE001 - any reason the rotation could not finish refuses it whole
+            raise PairingError(503, f"This node's pool key cannot be rotated: {exc or type(exc).__name__}. "
+                                    "Nothing was changed: every pairing is still in place.") from None
         rows = self.repo.all()
         told = await asyncio.gather(*(self._notify(r, "/pair/unpair") for r in rows))
         unreachable = [r.node_fqdn for r, ok in zip(rows, told, strict=True) if not ok]
         self.repo.delete_all()
-        if self.node.identity.get() is None:
-            raise PairingError(503, f"This node's pool identity cannot be loaded: {self.node.identity.error}")
         keypair = self.node.identity.rotate()
         return {"nodeUuid": keypair.node_uuid, "publicKeyFingerprint": keypair.fingerprint,
                 "unpaired": [r.node_fqdn for r in rows], "unreachable": unreachable}
