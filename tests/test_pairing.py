@@ -273,3 +273,44 @@ def test_after_a_pin_pairing_either_side_may_poll_first(pool2):
     assert b.node.peers.by_fqdn(fqdn("hub-a")).last_capabilities is not None
     a.run(a.node.health.poll_once())
     assert a.node.health.failures == {}
+
+
+def test_a_pin_that_is_not_six_ascii_digits_is_a_400_that_spends_nothing(pool2):
+    import httpx
+
+    a, b = pool2["hub-a"], pool2["hub-b"]
+    pin = op(b, "POST", "/pairing-pin")["pin"]
+    # the operator route refuses it before anything is sent
+    sent = op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn("hub-b"), "pin": "١٢٣٤٥٦"}, expect=400)
+    assert sent["error"] == "pin must be exactly six ASCII digits (0-9)"
+    assert rows(a) == {} and rows(b) == {}
+    # the receiver: Arabic-Indic and full-width digits pass str.isdigit() but are not a PIN; more
+    # of them than the cooldown's two strikes and the PIN's five tries, all from hub-a's name
+    for bad in ("١٢٣٤٥٦", "１２３４５６", "١٢٣٤٥٦", "12345", "1234567", "12345a", 123456, "١٢٣٤٥٦"):
+        body = {"fromNodeFqdn": fqdn("hub-a"), "token": "b" * 64, "pin": bad}
+        r = httpx.post(b.url + P + "/pair/request", json=body)
+        assert r.status_code == 400, (bad, r.status_code, r.text)
+        assert r.json() == {"error": "pin must be exactly six ASCII digits (0-9)"}
+    assert rows(b) == {}
+    # no strike and no try was spent: the real PIN still pairs, from the same name and address
+    op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn("hub-b"), "pin": pin})
+    assert rows(b)[fqdn("hub-a")]["status"] == "pending" and rows(b)[fqdn("hub-a")]["peerKeyFingerprint"]
+
+
+def test_the_sender_reads_a_403_to_a_pin_request_as_a_refused_pin(tmp_path):
+    import json
+
+    nodes = make_pool(tmp_path, ["hub-a", "hub-b"])
+    status_file = tmp_path / "hub-b-tailscale.json"  # hub-b answers from another tailnet: a 403
+    status = json.loads(status_file.read_text())
+    status["MagicDNSSuffix"] = status["CurrentTailnet"]["MagicDNSSuffix"] = "other-tailnet.ts.net"
+    status_file.write_text(json.dumps(status))
+    a, b = nodes["hub-a"], nodes["hub-b"]
+    with a, b:
+        pin = op(b, "POST", "/pairing-pin")["pin"]
+        r = _cli(a, "pair", fqdn("hub-b"), "--pin", pin, "--yes")
+        assert r.returncode == 1
+        said = " ".join(r.stderr.split())  # rich wraps the line
+        assert "Peer refused the pairing PIN (403). Mint a fresh one on that Hub" in said, r.stderr
+        assert "only accepted from devices on this tailnet" in said  # the reason it gave is kept
+        assert rows(a) == {} and rows(b) == {}

@@ -17,6 +17,7 @@ import httpx
 
 from hubpool_core.peering.addresses import AddressRefused, candidate_urls, parse_address, resolve_checked
 from hubpool_core.peering.client import HANDSHAKE_TIMEOUT_S, PeerAuthError
+from hubpool_core.peering.pairing_pin import PIN_SHAPE_MESSAGE, is_pin_shape
 from hubpool_core.peering.peers import (
     MAX_PENDING_INBOUND_REQUESTS,
     new_token,
@@ -116,8 +117,8 @@ class Pairing:
         if display is not None and (not isinstance(display, str) or not display):
             raise PairingError(400, "fromDisplayName must be a non-empty string when given")
         pin = body.get("pin")
-        if pin is not None and (not isinstance(pin, str) or len(pin) != 6 or not pin.isdigit()):
-            raise PairingError(400, "pin must be six digits")
+        if pin is not None and not is_pin_shape(pin):
+            raise PairingError(400, PIN_SHAPE_MESSAGE)  # no strike, no try spent: it was never a guess
         claim = None
         if pin is not None:
             self._consume_pin(pin, fqdn, source_ip)  # consumed before anything else (protocol §8.7)
@@ -301,10 +302,13 @@ class Pairing:
         data = _json(answer)
         if answer.status_code >= 400:
             reason = data.get("error") if isinstance(data, dict) else None
-            if pin is not None and answer.status_code == 401:
-                log.warning("%s refused the pairing PIN (%s)", base_url, answer.status_code)
+            if pin is not None and answer.status_code in (401, 403):
+                # protocol §2f: a 401 or a 403 to a PIN request reads the same to the operator; a
+                # reason other than the PIN's own is added, so a 403 (outside its tailnet, say) is not lost
+                log.warning("%s refused the pairing PIN (%s): %s", base_url, answer.status_code, reason)
+                said = f" The other Hub said: {reason}" if reason and reason != PIN_REFUSED else ""
                 raise PairingError(400, f"Peer refused the pairing PIN ({answer.status_code}). Mint a fresh one "
-                                        "on that Hub — a PIN is single-use and expires.")
+                                        f"on that Hub — a PIN is single-use and expires.{said}")
             log.warning("%s declined the pairing request (%s): %s", base_url, answer.status_code, reason)
             raise PairingError(502 if answer.status_code >= 500 and answer.status_code != 503 else 400,
                                f"The other Hub declined the pairing request ({answer.status_code}): "
