@@ -109,7 +109,8 @@ def test_unpair_tells_the_other_side(pool2):
     a, b = pool2["hub-a"], pool2["hub-b"]
     op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn("hub-b")})
     op(b, "POST", f"/peers/{fqdn('hub-a')}/approve")
-    assert op(a, "DELETE", f"/peers/{rows(a)[fqdn('hub-b')]['id'][:8]}") == {"success": True}
+    assert op(a, "DELETE", f"/peers/{rows(a)[fqdn('hub-b')]['id'][:8]}") == {"success": True, "told": True,
+                                                                             "message": None}
     assert rows(a) == {} and rows(b) == {}
     # and they can pair again
     op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn("hub-b")})
@@ -314,3 +315,30 @@ def test_the_sender_reads_a_403_to_a_pin_request_as_a_refused_pin(tmp_path):
         assert "Peer refused the pairing PIN (403). Mint a fresh one on that Hub" in said, r.stderr
         assert "only accepted from devices on this tailnet" in said  # the reason it gave is kept
         assert rows(a) == {} and rows(b) == {}
+
+
+def test_the_cli_says_what_approve_and_unpair_really_did(pool2):
+    a, b = pool2["hub-a"], pool2["hub-b"]
+    op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn("hub-b")})  # no PIN
+    own = _cli(a, "approve", fqdn("hub-b"), "--yes")  # approving the request this Hub sent
+    said = " ".join(own.stderr.split())
+    assert own.returncode == 1 and f"so it is approved there: on {fqdn('hub-b')}, run `hubpool approve " \
+        f"{fqdn('hub-a')}`" in said, own.stderr
+    # cancelling a request sent without a PIN cannot withdraw it there, and says so
+    cancelled = _cli(a, "unpair", fqdn("hub-b"), "--yes")
+    said = " ".join(cancelled.stdout.split())
+    assert cancelled.returncode == 0 and f"{fqdn('hub-b')} was not told" in said and "stays pending there" in said
+    assert rows(a) == {} and rows(b)[fqdn("hub-a")]["status"] == "pending"  # what it said is what happened
+    # hub-b approves that orphan: its callback is refused (hub-a holds no row), so it is not "connected"
+    approved = _cli(b, "approve", fqdn("hub-a"), "--yes")
+    said = " ".join((approved.stdout + approved.stderr).split())
+    assert approved.returncode == 1, said
+    assert "connected" not in said and f"{fqdn('hub-a')} could not be told" in said and "half paired" in said
+    op(b, "DELETE", f"/peers/{fqdn('hub-a')}")
+    # with a PIN the request can be withdrawn: hub-b is told and drops it
+    pin = op(b, "POST", "/pairing-pin")["pin"]
+    op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn("hub-b"), "pin": pin})
+    assert rows(b)[fqdn("hub-a")]["status"] == "pending"
+    withdrawn = _cli(a, "unpair", fqdn("hub-b"), "--yes")
+    assert withdrawn.returncode == 0 and "the other Hub was told" in withdrawn.stdout, withdrawn.stdout
+    assert rows(b) == {}

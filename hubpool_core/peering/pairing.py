@@ -317,6 +317,12 @@ class Pairing:
 
     async def approve(self, ident: str) -> dict[str, Any]:
         row = self._resolve(ident)
+        if row.direction == "outbound" and row.status == "pending":
+            # the requester never approves: the Hub that received the request does
+            own = await self.node.tailnet.self_fqdn()
+            raise PairingError(409, f"This Hub sent the request to {row.node_fqdn}, so it is approved there: on "
+                                    f"{row.node_fqdn}, run `hubpool approve {own or '<this Hub name>'}` (or "
+                                    "Approve under Pending requests)")
         if row.direction != "inbound" or row.status != "pending":
             raise PairingError(409, f"{row.node_fqdn} is not a pending inbound request")
         token = new_token()
@@ -340,7 +346,14 @@ class Pairing:
         except (httpx.HTTPError, RuntimeError, PeerAuthError) as exc:
             detail = f"{type(exc).__name__}" if isinstance(exc, httpx.HTTPError) else str(exc)
             log.warning("pairing confirmed locally but callback to %s failed: %s", row.node_fqdn, detail)
-        return public_peer(self.repo.by_id(row.id))
+            # the approval stands (protocol §2d), but the operator must not read it as connected
+            return public_peer(self.repo.by_id(row.id)) | {
+                "callbackDelivered": False,
+                "message": f"Approved here, but {row.node_fqdn} could not be told ({detail}): it still lists its "
+                           "request as pending, so the two Hubs are half paired. Make sure each Hub reaches the "
+                           "other over HTTPS (`hubpool doctor` on both), then unpair it here, cancel the request "
+                           "there, and pair again."}
+        return public_peer(self.repo.by_id(row.id)) | {"callbackDelivered": True, "message": None}
 
     async def reject(self, ident: str) -> dict[str, Any]:
         row = self._resolve(ident)
@@ -351,10 +364,23 @@ class Pairing:
         return {"success": True}
 
     async def unpair(self, ident: str) -> dict[str, Any]:
+        """Delete this node's row and tell the other node; the answer says whether it was told."""
         row = self._resolve(ident)
         self.repo.delete(row.id)
-        await self._notify(row, "/pair/unpair")
-        return {"success": True}
+        if row.direction == "outbound" and row.status == "pending" and not row.peer_public_key:
+            # a request sent without a PIN: the other node holds no key for this one and has issued
+            # it no token yet, so nothing could authenticate a withdrawal there (docs/pairing.md)
+            return {"success": True, "told": False,
+                    "message": f"Cancelled here. {row.node_fqdn} was not told: a request sent without a PIN "
+                               "carries no credential to withdraw it with, so it stays pending there until an "
+                               f"operator on {row.node_fqdn} rejects it (`hubpool reject <this Hub name>`) or it "
+                               "expires after 24 hours."}
+        told = await self._notify(row, "/pair/unpair")
+        if told:
+            return {"success": True, "told": True, "message": None}
+        return {"success": True, "told": False,
+                "message": f"Removed here, but {row.node_fqdn} could not be told: it still lists this Hub until "
+                           f"you run `hubpool unpair <this Hub name>` on {row.node_fqdn}."}
 
     async def _notify(self, row: PoolPeer, route: str) -> bool:
         """Best-effort, authenticated: the other side drops its half at once."""
