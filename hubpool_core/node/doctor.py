@@ -94,7 +94,8 @@ def _identity_check(node: Any, name: str | None) -> dict[str, Any]:
     """I1: can this node sign? A key sealed under a lost node.secret never recovers by waiting."""
     identity = node.identity.get()
     if identity is None:
-        return _check("I1", "Pool identity", ACTION, node.identity.error or "this node's pool identity cannot be loaded",
+        return _check("I1", "Pool identity", ACTION,
+                      node.identity.error or "this node's pool identity cannot be loaded",
                       f"check that the data directory ({node.env.data_dir}) and the database are readable by "
                       "this node, then run doctor again")
     if identity.signing_key is None:
