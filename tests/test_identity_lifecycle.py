@@ -167,8 +167,8 @@ def test_rotation_with_an_identity_that_cannot_load_changes_nothing(pair):
     with a.client(headers=a.headers()) as c:
         r = c.post(P + "/identity/rotate")
     assert r.status_code == 503, r.text
-    assert "cannot be loaded" in r.json()["error"] and "Nothing was changed" in r.json()["error"]
     assert row(a, "hub-b").status == "connected" and row(b, "hub-a").status == "connected"  # nobody was unpaired
+    assert "cannot be loaded" in r.json()["error"] and "Nothing was changed" in r.json()["error"]
     with a.node.db.engine.begin() as conn:
         conn.exec_driver_sql("ALTER TABLE hub_pool_identity_moved RENAME TO hub_pool_identity")
 
