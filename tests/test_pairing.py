@@ -328,6 +328,7 @@ def test_the_cli_says_what_approve_and_unpair_really_did(pool2):
     cancelled = _cli(a, "unpair", fqdn("hub-b"), "--yes")
     said = " ".join(cancelled.stdout.split())
     assert cancelled.returncode == 0 and f"{fqdn('hub-b')} was not told" in said and "stays pending there" in said
+    assert f"`hubpool reject {fqdn('hub-a')}`" in said  # the command to run there, with this Hub's name
     assert rows(a) == {} and rows(b)[fqdn("hub-a")]["status"] == "pending"  # what it said is what happened
     # hub-b approves that orphan: its callback is refused (hub-a holds no row), so it is not "connected"
     approved = _cli(b, "approve", fqdn("hub-a"), "--yes")

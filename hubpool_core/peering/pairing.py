@@ -367,20 +367,21 @@ class Pairing:
         """Delete this node's row and tell the other node; the answer says whether it was told."""
         row = self._resolve(ident)
         self.repo.delete(row.id)
+        own = await self.node.tailnet.self_fqdn() or "<this Hub name>"
         if row.direction == "outbound" and row.status == "pending" and not row.peer_public_key:
             # a request sent without a PIN: the other node holds no key for this one and has issued
             # it no token yet, so nothing could authenticate a withdrawal there (docs/pairing.md)
             return {"success": True, "told": False,
                     "message": f"Cancelled here. {row.node_fqdn} was not told: a request sent without a PIN "
                                "carries no credential to withdraw it with, so it stays pending there until an "
-                               f"operator on {row.node_fqdn} rejects it (`hubpool reject <this Hub name>`) or it "
+                               f"operator on {row.node_fqdn} rejects it (`hubpool reject {own}`) or it "
                                "expires after 24 hours."}
         told = await self._notify(row, "/pair/unpair")
         if told:
             return {"success": True, "told": True, "message": None}
         return {"success": True, "told": False,
                 "message": f"Removed here, but {row.node_fqdn} could not be told: it still lists this Hub until "
-                           f"you run `hubpool unpair <this Hub name>` on {row.node_fqdn}."}
+                           f"you run `hubpool unpair {own}` on {row.node_fqdn}."}
 
     async def _notify(self, row: PoolPeer, route: str) -> bool:
         """Best-effort, authenticated: the other side drops its half at once."""

@@ -284,3 +284,17 @@ def test_a_hub_that_cannot_sign_says_to_rotate_its_identity(browser, tmp_path):
     finally:
         a.stop()
         b.stop()
+
+
+def test_the_pool_page_says_when_the_other_hub_was_not_told(browser, tmp_path):
+    nodes = make_pool(tmp_path, ["hub-a", "hub-b"])
+    with nodes["hub-a"] as a, nodes["hub-b"] as b:
+        op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn("hub-b")})  # no PIN: it cannot be withdrawn there
+        page = new_page(browser)
+        sign_in(page, a)
+        page.goto(a.url + "/ui/pool")
+        page.get_by_role("button", name=f"Cancel the request to {fqdn('hub-b')}").click()
+        notice = page.locator("#page-notice")
+        notice.get_by_text(f"{fqdn('hub-b')} was not told").wait_for()
+        assert "stays pending there" in notice.inner_text()
+        assert a.node.peers.all() == [] and b.node.peers.by_fqdn(fqdn("hub-a")).status == "pending"

@@ -15,9 +15,21 @@
     box.textContent = e.message || String(e);
   }
 
+  // what an action did but could not finish on the other Hub (not told, half paired): it stays
+  // until the next action, unlike an error, which the next status read clears
+  function showNotice(text) {
+    const box = $("page-notice");
+    box.hidden = !text;
+    box.textContent = text || "";
+  }
+
   async function act(button, fn, after) {
     if (button) button.disabled = true;
-    try { await fn(); showError(null); } catch (e) { showError(e); }
+    try {
+      const r = await fn();
+      showError(null);
+      showNotice(r && (r.told === false || r.callbackDelivered === false) ? r.message : null);
+    } catch (e) { showError(e); }
     finally { if (button) button.disabled = false; }
     await (after || refreshStatus)();
   }
