@@ -281,6 +281,13 @@ def test_a_hub_that_cannot_sign_says_to_rotate_its_identity(browser, tmp_path):
         assert "hubpool rotate-identity" in note.inner_text() and "rejoins by itself" not in note.inner_text()
         own = page.get_by_test_id("identity-error")
         assert "This Hub cannot sign" in own.inner_text() and "hubpool rotate-identity" in own.inner_text()
+        # the guide says the same, and offers no Unpair button: unpairing one Hub would not help
+        page.get_by_role("button", name="Add Hubs").click()
+        guide = page.get_by_role("dialog", name="Set up Hub Pool")
+        guide.get_by_role("button", name="Your Hubs").click()
+        card = guide.locator(f'[data-connected="{fqdn("hub-b")}"]')
+        card.get_by_text("hubpool rotate-identity").wait_for()
+        assert card.get_by_role("button").count() == 0
     finally:
         a.stop()
         b.stop()

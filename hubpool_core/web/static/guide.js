@@ -349,7 +349,9 @@ const Guide = (() => {
           h("div", { class: "small" }, (peerEngines(p).join(", ") || "no engine running") + " · " + models.length + (models.length === 1 ? " model" : " models")),
           need ? h("p", { class: "needs" }, need) : (p.status === "unreachable" || p.probeFailure
             ? h("p", { class: "small muted" }, "It is not answering. It rejoins by itself on the next health check that works.") : null)),
-        need ? button("Unpair", (ev) => approveAct(ev, () => api("DELETE", "/peers/" + p.id)), "small danger", { "aria-label": "Unpair " + shortName(p.nodeFqdn) }) : null);
+        // unpairing one Hub does not help a Hub whose own key is unusable: rotation (named in the text) does
+        need && !(p.probeFailure && p.probeFailure.kind === "own_identity")
+          ? button("Unpair", (ev) => approveAct(ev, () => api("DELETE", "/peers/" + p.id)), "small danger", { "aria-label": "Unpair " + shortName(p.nodeFqdn) }) : null);
     }), "No Hub is connected yet."));
     if (g.timedOut) parts.push(h("p", { class: "warn-text" }, "Stopped reading after 10 minutes."));
     if (g.approveError) parts.push(errorBox(g.approveError));
