@@ -34,6 +34,7 @@ SLOW = (
     "tests/test_clients_agents.py",  # 30 s
     "tests/test_clients_ollama.py",  # 7 s
     "tests/test_identity_lifecycle.py",  # 8 s
+    "tests/test_identity_recovery.py",  # 10 s: a real restart and three CLI runs
     "tests/test_pairing.py",  # 36 s
     "tests/test_peer_security.py",  # 6 s
     "tests/test_placement_entry.py",  # 10 s

@@ -97,6 +97,15 @@ class RunningNode:
         self.thread.join(timeout=15)
         self.sock.close()
 
+    def restarted(self) -> RunningNode:
+        """Stop this node and start its data directory again on the same port (where its peers
+        know it), as `hubpool serve` would after a reboot; returns the new, running node."""
+        self.stop()
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", self.port))
+        return RunningNode(self.env.data_dir, self.environ, sock=sock).start()
+
     def __enter__(self) -> RunningNode:
         return self.start()
 

@@ -18,6 +18,7 @@ from hubpool_core.peering.client import PeerAuthError
 from hubpool_core.peering.discovery import MIN_PAIR_BY_ADDRESS_PROTOCOL, discover, probe_identify
 from hubpool_core.peering.guard import PeerRefused, admit
 from hubpool_core.peering.pairing import PairingError
+from hubpool_core.peering.pairing_pin import PIN_SHAPE_MESSAGE, is_pin_shape
 from hubpool_core.peering.peers import public_peer
 from hubpool_core.signals.containers import clamp_containers
 from hubpool_core.store import PoolPeer
@@ -220,8 +221,8 @@ async def pair(request: Request) -> Response:
     if (name is None) == (address is None):
         raise PairingError(400, "Send either nodeFqdn (a peer's tailnet name) or address (a LAN address to pair "
                                 "with), not both and not neither")
-    if pin is not None and (not isinstance(pin, str) or len(pin) != 6 or not pin.isdigit()):
-        raise PairingError(400, "pin must be six digits")
+    if pin is not None and not is_pin_shape(pin):
+        raise PairingError(400, PIN_SHAPE_MESSAGE)
     if display is not None and not isinstance(display, str):
         raise PairingError(400, "displayName must be a string")
     if address is not None:
@@ -272,8 +273,13 @@ async def upgrade_now(request: Request) -> Response:
         row = node.peers.resolve(_ident(request))
     except LookupError:
         raise PairingError(404, "No pool peer with that id") from None
+    if row.peer_public_key and row.signed_seen_at:
+        # nothing to upgrade: re-running the exchange would only reopen the bearer grace on the
+        # peer's side, so the route says so and calls nobody
+        return JSONResponse(public_peer(row) | {
+            "upgraded": False, "message": f"{row.node_fqdn} already signs its requests: there is nothing to upgrade"})
     try:
-        return JSONResponse(public_peer(await node.health.upgrade(row)))
+        return JSONResponse(public_peer(await node.health.upgrade(row)) | {"upgraded": True})
     except PeerAuthError as exc:
         raise PairingError(exc.status, str(exc)) from None
 

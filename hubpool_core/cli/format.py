@@ -92,6 +92,8 @@ def peer_status(peer: dict[str, Any]) -> str:
         text = "identity changed"
     elif kind == "unauthorized":
         text = "credentials refused"
+    elif kind == "own_identity":
+        text = "cannot sign (own key)"
     else:
         text = str(peer.get("status") or "?")
     if peer.get("enabled") is False:

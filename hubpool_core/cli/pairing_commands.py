@@ -161,6 +161,9 @@ def approve(peer_id: str = typer.Argument(..., help="ID prefix, full ID or node 
     """Approve a pending inbound pairing request."""
     _confirm(f"Approve the pairing request {peer_id}? Approve only Hubs you recognise.", yes)
     row = _peer_action(peer_id, "approve", url)
+    if row.get("callbackDelivered") is False:  # the approval stands, but the requester does not know
+        err.print(row.get("message") or f"Approved {row['nodeFqdn']} here, but it could not be told.")
+        raise typer.Exit(1)
     out.print(f"Approved {row['nodeFqdn']}: {row['status']}.")
 
 
@@ -178,8 +181,11 @@ def unpair(peer_id: str = typer.Argument(..., help="ID prefix, full ID or node n
            yes: bool = YesOption, url: str | None = UrlOption) -> None:
     """Remove a peer (or cancel a request this node sent); the other Hub is told."""
     _confirm(f"Unpair {peer_id}?", yes)
-    _peer_action(peer_id, "", url, method="DELETE")
-    out.print(f"Unpaired {peer_id}.")
+    data = _peer_action(peer_id, "", url, method="DELETE")
+    if data.get("told") is False:  # done here; the other Hub still holds its half
+        out.print(data.get("message") or f"Unpaired {peer_id} here, but the other Hub could not be told.")
+    else:
+        out.print(f"Unpaired {peer_id}; the other Hub was told.")
 
 
 @app.command("peer-enable")

@@ -196,7 +196,7 @@ def _this_node(s: dict[str, Any]) -> list[str]:
     if ident.get("publicKeyFingerprint"):
         text = f"key fingerprint {ident['publicKeyFingerprint']}"
         if ident.get("identityError"):
-            text += f" — cannot sign: {ident['identityError']}"
+            text += f" — cannot sign: {ident['identityError']} (recover with `hubpool rotate-identity`)"
     else:
         text = f"no usable identity: {ident['identityError']}" if ident.get("identityError") else \
             "no identity yet (minted on first use)"
@@ -259,6 +259,15 @@ def _peers(s: dict[str, Any]) -> list[str]:
                          f"{plural(f.get('attempts') or 1, 'attempt')})")
             if f.get("action"):
                 lines.append("    " + str(f["action"]).replace("<peer>", name))
+    unsigned = [p for p in peers if (p.get("probeFailure") or {}).get("kind") == "own_identity"]
+    if unsigned:  # the fault is this node's own key: waiting never clears it, rotation does
+        lines += ["", "Peers this Hub cannot reach: its own pool key cannot be used"]
+        for p in unsigned:
+            f = p["probeFailure"]
+            lines.append(f"  {str(p.get('id'))[:8]} {p.get('nodeFqdn') or '?'}: since {when(f.get('since'))}, "
+                         f"{plural(f.get('attempts') or 1, 'attempt')}")
+            if f.get("action"):
+                lines.append("    " + str(f["action"]))
     return lines
 
 

@@ -60,6 +60,7 @@ async def run_checks(node: Any) -> list[dict[str, Any]]:
     elif not any(c["id"] == "E1" for c in checks):
         checks.append(_check("E1", "Engines", WARNING, "no engine answers on this node; it can only forward work",
                              "set " + " or ".join(e.env_var for e in node.local.engines)))
+    checks.append(_identity_check(node, name))
     refusing = []
     for row in node.peers.all():
         failure = node.health.failures.get(row.id)
@@ -81,6 +82,27 @@ async def run_checks(node: Any) -> list[dict[str, Any]]:
         except Exception as exc:  # noqa: BLE001 - a plugin's check failing is itself a warning
             checks.append(_check(check_id, check_id, WARNING, f"the check raised {type(exc).__name__}: {exc}"))
     return checks
+
+
+#: the one recovery for a key that cannot be opened (spec "Failure modes")
+ROTATE_FIX = ("hubpool rotate-identity (keeps this node's UUID, seals a new key under the current node.secret and "
+              "unpairs every peer); then on each peer that still lists this node, hubpool unpair {name}, and pair "
+              "again with a PIN")
+
+
+def _identity_check(node: Any, name: str | None) -> dict[str, Any]:
+    """I1: can this node sign? A key sealed under a lost node.secret never recovers by waiting."""
+    identity = node.identity.get()
+    if identity is None:
+        return _check("I1", "Pool identity", ACTION,
+                      node.identity.error or "this node's pool identity cannot be loaded",
+                      f"check that the data directory ({node.env.data_dir}) and the database are readable by "
+                      "this node, then run doctor again")
+    if identity.signing_key is None:
+        return _check("I1", "Pool identity", ACTION,
+                      f"this node cannot sign: {node.identity.error or 'its private key cannot be opened'}",
+                      ROTATE_FIX.format(name=name or "<this node>"))
+    return _check("I1", "Pool identity", READY, f"key fingerprint {identity.fingerprint}")
 
 
 def _caps_check(node: Any) -> dict[str, Any]:

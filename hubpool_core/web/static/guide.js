@@ -277,6 +277,7 @@ const Guide = (() => {
     const f = p.probeFailure;
     if (f && f.kind === "identity_changed") return "It no longer recognizes this Hub's identity. Unpair it, then pair again with a PIN.";
     if (f && f.kind === "unauthorized") return "It refuses this Hub's credentials. Unpair it, then pair again with a PIN.";
+    if (f && f.kind === "own_identity") return "This Hub's own pool key cannot be used. Run hubpool rotate-identity here, then pair again with a PIN.";
     if (p.direction === "inbound" && p.status === "unreachable" && !p.lastSeenAt)
       return "It never received your approval. Make sure each Hub reaches the other over HTTPS, then unpair and pair again.";
     return null;
@@ -348,7 +349,9 @@ const Guide = (() => {
           h("div", { class: "small" }, (peerEngines(p).join(", ") || "no engine running") + " · " + models.length + (models.length === 1 ? " model" : " models")),
           need ? h("p", { class: "needs" }, need) : (p.status === "unreachable" || p.probeFailure
             ? h("p", { class: "small muted" }, "It is not answering. It rejoins by itself on the next health check that works.") : null)),
-        need ? button("Unpair", (ev) => approveAct(ev, () => api("DELETE", "/peers/" + p.id)), "small danger", { "aria-label": "Unpair " + shortName(p.nodeFqdn) }) : null);
+        // unpairing one Hub does not help a Hub whose own key is unusable: rotation (named in the text) does
+        need && !(p.probeFailure && p.probeFailure.kind === "own_identity")
+          ? button("Unpair", (ev) => approveAct(ev, () => api("DELETE", "/peers/" + p.id)), "small danger", { "aria-label": "Unpair " + shortName(p.nodeFqdn) }) : null);
     }), "No Hub is connected yet."));
     if (g.timedOut) parts.push(h("p", { class: "warn-text" }, "Stopped reading after 10 minutes."));
     if (g.approveError) parts.push(errorBox(g.approveError));

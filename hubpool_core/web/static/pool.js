@@ -15,9 +15,21 @@
     box.textContent = e.message || String(e);
   }
 
+  // what an action did but could not finish on the other Hub (not told, half paired): it stays
+  // until the next action, unlike an error, which the next status read clears
+  function showNotice(text) {
+    const box = $("page-notice");
+    box.hidden = !text;
+    box.textContent = text || "";
+  }
+
   async function act(button, fn, after) {
     if (button) button.disabled = true;
-    try { await fn(); showError(null); } catch (e) { showError(e); }
+    try {
+      const r = await fn();
+      showError(null);
+      showNotice(r && (r.told === false || r.callbackDelivered === false) ? r.message : null);
+    } catch (e) { showError(e); }
     finally { if (button) button.disabled = false; }
     await (after || refreshStatus)();
   }
@@ -46,6 +58,12 @@
       ["Slots", n.ollamaSlots ? String(n.ollamaSlots) : "not stated"],
       ["Measured speed", speed(n.throughput)],
     ];
+    if (id.publicKeyFingerprint && id.identityError) {
+      // a key that cannot be opened never recovers by waiting; rotation is the one way back (spec)
+      rows.splice(2, 0, ["Pool key", h("span", { class: "needs", "data-testid": "identity-error" },
+        "This Hub cannot sign: " + id.identityError + ". Run ", h("code", {}, "hubpool rotate-identity"),
+        " here (it keeps the node ID and unpairs every Hub), remove this Hub on each paired Hub, then pair again with a PIN.")]);
+    }
     fill($("node-kv"), rows.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
     const all = n.backends || [];
     const up = all.filter((b) => b.healthy), down = all.filter((b) => !b.healthy);
@@ -110,7 +128,8 @@
         return h("li", { "data-pending": p.nodeFqdn },
           h("div", {}, h("strong", {}, peerName(p)), " wants to join your pool",
             h("div", { class: "small" }, p.peerKeyFingerprint ? "Key fingerprint " : "No PIN was used, so the name is only a claim",
-              p.peerKeyFingerprint ? h("code", {}, p.peerKeyFingerprint) : null)),
+              p.peerKeyFingerprint ? h("code", {}, p.peerKeyFingerprint) : null,
+              p.peerKeyFingerprint ? ": compare it with the Pairing PIN card on " + shortName(p.nodeFqdn) + " before approving" : null)),
           h("div", { class: "row" },
             h("button", { class: "btn primary small", type: "button", "aria-label": "Approve " + peerName(p),
               onclick: (ev) => act(ev.target, () => api("POST", "/peers/" + p.id + "/approve")) }, "Approve"),
