@@ -138,6 +138,9 @@ def systemd_unit(spec: ServiceSpec) -> str:
         "TimeoutStopSec=30s",
         f"StateDirectory={STATE_DIRECTORY}",
         "StateDirectoryMode=0700",
+        # the plugin host caches its entry-point scan under $XDG_CACHE_HOME; home is read-only here
+        f"CacheDirectory={STATE_DIRECTORY}",
+        f"Environment=XDG_CACHE_HOME=%C/{STATE_DIRECTORY}",
         "UMask=0077",
         "NoNewPrivileges=yes",
         "ProtectSystem=strict",
