@@ -82,7 +82,7 @@ def test_charts_show_the_pool_that_served_and_failed_over(browser, served_and_fa
     cells = table.locator("tbody tr").all()
     assert sum(int(r.locator("td").nth(0).inner_text()) for r in cells) == 4
     assert sum(int(r.locator("td").nth(1).inner_text()) for r in cells) == 2
-    assert page.locator("#chart-ttfb-caption").inner_text().startswith("Latest minute's median:")
+    assert page.locator("#chart-ttfb-caption").inner_text().startswith("Median in the latest minute with answers:")
     assert "this node" in page.locator("#chart-queue-caption").inner_text()
 
     # the last day needs the routing history, which this node does not keep
@@ -100,3 +100,18 @@ def test_charts_show_the_pool_that_served_and_failed_over(browser, served_and_fa
         widths = page.evaluate("[...document.querySelectorAll('.chart .uplot')].map((u) => u.getBoundingClientRect().right)")
         assert widths and max(widths) <= viewport["width"], f"a chart overflows the {label} width: {widths}"
         page.locator("#traffic").screenshot(path=str(SHOTS / f"pool-charts-{label}.png"), animations="disabled")
+
+
+def test_without_the_chart_library_the_tables_carry_the_figures(browser, served_and_failed_over):
+    """A blocked or failed uPlot leaves no empty boxes: every table is open and the page says why."""
+    a, _ = served_and_failed_over
+    page = new_page(browser)
+    page.route("**/vendor/uplot/uPlot.iife.min.js", lambda route: route.abort())
+    sign_in(page, a)
+    page.goto(a.url + "/ui/pool")
+    page.locator("#traffic[data-rendered]").wait_for()
+    assert page.locator(".chart .uplot").count() == 0
+    assert page.locator(".chart details[open]").count() == 4
+    assert "every figure is in the tables" in page.locator("#traffic-note").inner_text()
+    table = page.get_by_role("table", name="Failovers and failures per minute")
+    assert [c.inner_text() for c in table.locator("tbody tr").first.locator("td").all()] == ["1", "0"]

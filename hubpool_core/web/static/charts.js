@@ -89,7 +89,7 @@
     });
     const medians = nodes.map((n) => { const v = d.ttfbP50[n].filter((x) => x !== null); return v.length ? v[v.length - 1] : null; });
     chart("chart-ttfb", "Time to first byte, p50 and p95 (dashed), by node",
-      medians.some((v) => v !== null) ? "Latest minute's median: " + nodes.map((n, i) => nodeName(n) + " " + fmtMs(medians[i])).filter((_, i) => medians[i] !== null).join(", ") + "."
+      medians.some((v) => v !== null) ? "Median in the latest minute with answers: " + nodes.map((n, i) => nodeName(n) + " " + fmtMs(medians[i])).filter((_, i) => medians[i] !== null).join(", ") + "."
         : "No answers to time in " + span + ".",
       ttfbSeries, xs,
       table("Time to first byte per " + per + " (p50 / p95)", ["Minute", ...nodes.map(nodeName)],
