@@ -9,9 +9,10 @@ What a new box does, checked end to end (issue 19, item 1; `.ci/run` runs it):
 3. from that environment, with the temporary directory as working directory: `hubpool --version`
    names every distribution at its version, `hubpool plugins --json` finds every first-party
    plugin active through its entry point, and hubpool_core is imported from the environment,
-   never the checkout;
+   never the checkout; `hubpool service install --dry-run` would run that environment's hubpool;
 4. `hubpool-sim` (a simulated engine) and `hubpool serve` start from that environment, and a
-   chat completion sent to the node comes back routed (200, an answer, the routing headers);
+   chat completion sent to the node comes back routed (200, an answer, the routing headers), and
+   the web UI's files (templates, scripts, the vendored chart library) are served from the wheel;
 5. with `--uv-tool`, the same wheels through `uv tool install`, and `hubpool --version` from it.
 
 Each step prints one line with its time; a failure prints what it saw and exits non-zero.
@@ -148,6 +149,10 @@ def check(dist: Path | None, work: Path, uv_tool: bool) -> None:
     # --find-links: the wheels depend on each other by name (hubpool on hubpool-ollama ...)
     run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--find-links", str(dist), *wheels],
         cwd=work, env=env, timeout=600)
+    # `hubpool serve` re-executes itself under `python -OO` (hubpool_core/cli/main.py), which reads
+    # .opt-2.pyc files that pip does not write; docs/deploy.md compiles them once, as here
+    run([str(venv / "bin" / "python"), "-OO", "-m", "compileall", "-q", str(venv / "lib")], cwd=work, env=env,
+        timeout=600)
     steps.done(f"pip install of the {len(wheels)} wheels into a fresh venv at {venv}", t)
 
     t = time.monotonic()
@@ -168,6 +173,14 @@ def check(dist: Path | None, work: Path, uv_tool: bool) -> None:
                 raise CheckFailed(f"plugin {plugin} of {name} is not active from the wheels: {row}")
     count = sum(len(i["plugins"]) for i in expected.values())
     steps.done(f"`hubpool --version` names {len(expected)} distributions; {count} plugins active by entry point", t)
+
+    t = time.monotonic()
+    # the service this box would install runs this environment's own hubpool, not a checkout's
+    unit = run([hubpool, "service", "install", "--user", "--dry-run", "--platform", "linux"], cwd=work,
+               env=plugin_env, timeout=60)
+    if f"ExecStart={venv / 'bin' / 'hubpool'} serve" not in unit:
+        raise CheckFailed(f"`hubpool service install --dry-run` does not run this environment's hubpool:\n{unit}")
+    steps.done("`hubpool service install --dry-run` names the fresh venv's hubpool", t)
 
     t = time.monotonic()
     serve_and_route(venv, work, env)
@@ -210,11 +223,15 @@ def serve_and_route(venv: Path, work: Path, env: dict[str, str]) -> None:
                                            f"127.0.0.1:{node_port}"], cwd=work, env=node_env, stdout=out,
                                           stderr=subprocess.STDOUT))
         base = f"http://127.0.0.1:{node_port}"
+        t0 = time.monotonic()
         wait_http(base + "/api/inference/pool/identify", procs[1], node_log, 60)
+        print(f"[wheels]   the node answered {time.monotonic() - t0:.1f}s after its start", flush=True)
+        tries = 0
         body = {"model": MODEL, "messages": [{"role": "user", "content": "Say hello from the wheels."}]}
         deadline = time.monotonic() + 30  # the first probe of the engine may still be in flight
         while True:
             status, headers, raw = http("POST", base + "/v1/chat/completions", body, timeout=30)
+            tries += 1
             if status == 200 or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
@@ -224,7 +241,12 @@ def serve_and_route(venv: Path, work: Path, env: dict[str, str]) -> None:
         lower = {k.lower(): v for k, v in headers.items()}
         if not answer or not lower.get("x-hub-pool-request-id") or not lower.get("x-hub-pool-served-by"):
             raise CheckFailed(f"the answer was not routed: headers {headers}, answer {answer!r}")
-        print(f"[wheels]   served by {lower['x-hub-pool-served-by']}: {answer[:60]!r}", flush=True)
+        print(f"[wheels]   served by {lower['x-hub-pool-served-by']} (try {tries}): {answer[:60]!r}", flush=True)
+        # package data ships too: the web UI's pages need their templates, scripts and vendored charts
+        for path in ("/", "/ui/static/charts.js", "/ui/static/vendor/uplot/uPlot.iife.min.js"):
+            status, _, _ = http("GET", base + path)
+            if status != 200:
+                raise CheckFailed(f"GET {path} answered {status} from the wheel-installed node")
     finally:
         for p in reversed(procs):
             p.terminate()
