@@ -72,7 +72,7 @@ def test_the_pool_page_names_the_switch_and_writes_settings_and_pins(browser, tm
         assert "Not routing" in line.inner_text()
 
         # master off through the settings form, then the page's own fix turns it back on
-        page.get_by_label("poolEnabled", exact=True).uncheck()
+        page.get_by_label("Hub Pool on", exact=True).uncheck()
         page.get_by_role("button", name="Save settings").click()
         page.get_by_text("the Hub Pool switch (poolEnabled) is off").wait_for()
         assert n.node.settings.current.poolEnabled is False
@@ -81,13 +81,13 @@ def test_the_pool_page_names_the_switch_and_writes_settings_and_pins(browser, tm
         assert n.node.settings.current.poolEnabled is True
 
         # out of range: the node's refusal, with the range, and nothing written
-        page.get_by_label("poolHealthPollSeconds").fill("5")
+        page.get_by_label("Check on peers every (seconds)").fill("5")
         page.get_by_role("button", name="Save settings").click()
         error = page.locator("#settings-result.error")
         error.wait_for()
         assert "10–300" in error.inner_text() and n.node.settings.current.poolHealthPollSeconds == 30
-        page.get_by_label("poolHealthPollSeconds").fill("45")
-        page.get_by_label("maxNumCtx").fill("8192")
+        page.get_by_label("Check on peers every (seconds)").fill("45")
+        page.get_by_label("Context window cap (tokens)").fill("8192")
         page.get_by_role("button", name="Save settings").click()
         page.get_by_text("Saved.").wait_for()
         assert n.node.settings.current.poolHealthPollSeconds == 45 and n.node.settings.current.maxNumCtx == 8192

@@ -179,17 +179,22 @@
   function buildSettings() {
     const form = $("settings-form");
     fill(form, schema.filter((f) => f.patchable).map((f) => {
+      // labelled in words, with the help under it; the key (what `hubpool settings` and the API
+      // take) stays in the range line for whoever scripts it
       const id = "set-" + f.key;
-      const hint = h("span", { class: "range", id: id + "-range" }, "Range: " + f.range);
+      const words = h("span", { class: "words", id: id + "-words" }, f.words);
+      const hint = h("span", { class: "range", id: id + "-range" },
+        (f.kind === "bool" ? "" : "Range: " + f.range + " · ") + "setting ", h("code", {}, f.key));
+      const described = id + "-words " + id + "-range";
       if (f.kind === "bool") {
         return h("div", { class: "field check" },
-          h("input", { type: "checkbox", id, name: f.key, "aria-describedby": id + "-range" }),
-          h("label", { for: id }, f.key), hint);
+          h("input", { type: "checkbox", id, name: f.key, "aria-describedby": described }),
+          h("label", { for: id }, f.label), words, hint);
       }
-      return h("div", { class: "field" }, h("label", { for: id }, f.key),
+      return h("div", { class: "field" }, h("label", { for: id }, f.label), words,
         h("input", { id, name: f.key, type: f.kind === "int" ? "number" : "text", min: f.min, max: f.max,
           inputmode: f.kind === "int" ? "numeric" : null, placeholder: f.nullable ? "not set" : null,
-          "aria-describedby": id + "-range" }), hint);
+          "aria-describedby": described }), hint);
     }), h("div", { class: "row" }, h("button", { type: "submit", class: "btn primary" }, "Save settings")));
     form.addEventListener("input", () => { form.dataset.dirty = "1"; });
     form.addEventListener("submit", async (ev) => {
