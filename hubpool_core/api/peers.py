@@ -233,7 +233,20 @@ async def pair(request: Request) -> Response:
         return JSONResponse(await node.pairing.pair_by_address(address, pin, display))
     if not isinstance(name, str):
         raise PairingError(400, "nodeFqdn must be a string")
+    if pin is not None and not await _is_tailnet_name(node, name):
+        # `hubpool probe hub-b.lan` advises `hubpool pair hub-b.lan --pin N`: a name that is not
+        # a tailnet FQDN is a LAN name, and with a PIN it is an address (dialling https://hub-b.lan
+        # would go nowhere: peers are reached only at their tailnet names)
+        return JSONResponse(await node.pairing.pair_by_address(name, pin, display))
     return JSONResponse(await node.pairing.pair_by_name(name, display, pin))
+
+
+async def _is_tailnet_name(node: Any, name: str) -> bool:
+    """Whether ``name`` is under this tailnet's MagicDNS suffix (or, with no suffix known here,
+    under Tailscale's own ``ts.net``): a name anything else is a LAN name."""
+    text = name.strip().lower().rstrip(".")
+    suffix = await node.tailnet.suffix()
+    return text.endswith("." + (suffix or "ts.net"))
 
 
 def _ident(request: Request) -> str:
