@@ -116,6 +116,7 @@ def tailnet_status_for(name: str) -> dict[str, Any]:
     everyone = {status["Self"]["HostName"]: status["Self"], **{p["HostName"]: p for p in status["Peer"].values()}}
     me = everyone.pop(name)
     status["Self"] = me
+    status["CertDomains"] = [me["DNSName"].rstrip(".")]  # a daemon lists its own name's certificate
     status["Peer"] = {f"nodekey:{peer['HostName']}": peer for peer in everyone.values()}
     return status
 

@@ -102,7 +102,8 @@ def cancel_pin(url: str | None = UrlOption) -> None:
 
 
 @app.command()
-def pair(node: str = typer.Argument(..., help="The other Hub's tailnet name, or with --pin a LAN address or LAN name (hub-b.lan)."),
+def pair(node: str = typer.Argument(..., help="The other Hub's tailnet name, or with --pin a LAN address or "
+                                              "LAN name (hub-b.lan)."),
          pin: str | None = typer.Option(None, "--pin", help="Six digits minted on the other Hub."),
          name: str | None = typer.Option(None, "--name", help="A display label for the peer."),
          yes: bool = YesOption, url: str | None = UrlOption) -> None:
