@@ -31,6 +31,7 @@ SLOW = (
     "tests/test_chaos.py",  # 66 s
     "tests/test_cli.py",  # 59 s
     "tests/test_cli_pool.py",  # 150 s
+    "tests/test_containers_chain.py",  # 16 s: two nodes, a fake Docker socket and three CLI runs
     "tests/test_clients_agents.py",  # 30 s
     "tests/test_clients_ollama.py",  # 7 s
     "tests/test_identity_lifecycle.py",  # 8 s

@@ -56,7 +56,9 @@ class RunningNode:
         dead = closed_port_url()
         env = {var: dead for var in ENGINE_VARS}
         env.update({"HUB_POOL_DATA_DIR": str(data_dir), "HUB_POOL_LISTEN": f"127.0.0.1:{self.port}",
-                    "HUB_POOL_TAILSCALE_CLI": "/nonexistent/tailscale"})
+                    "HUB_POOL_TAILSCALE_CLI": "/nonexistent/tailscale",
+                    # a Docker daemon on the test machine must not become a node's container source
+                    "HUB_POOL_DOCKER_SOCKET": "/nonexistent/docker.sock"})
         env.update(environ or {})
         self.environ = env
         self.env = EnvSettings.from_environ(env)

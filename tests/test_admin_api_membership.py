@@ -10,7 +10,7 @@ import logging
 import pytest
 from aiohttp import web
 from aiohttp_thread import ThreadedApp
-from harness import fqdn, make_pool, wait_until
+from harness import closed_port_url, fqdn, make_pool, wait_until
 
 P = "/api/inference/pool"
 TAILNET = "operator@example.com"  # CurrentTailnet.Name in tests/data/tailscale_status.json
@@ -122,3 +122,23 @@ def test_an_unreachable_admin_api_is_a_visible_warning_and_pairing_falls_back(po
     # the API comes back: doctor's warning clears
     api.down = False
     assert wait_until(lambda: "D1" not in doctor(b), timeout=10)
+
+
+def test_an_admin_api_nothing_listens_on_is_the_same_warning(tmp_path, caplog):
+    dead = closed_port_url()
+    creds = {"TAILSCALE_OAUTH_CLIENT_ID": "cid", "TAILSCALE_OAUTH_CLIENT_SECRET": "secret",
+             "HUB_POOL_TAILSCALE_API_URL": dead}
+    nodes = make_pool(tmp_path, ["hub-a", "hub-b"], per_node={"hub-b": creds})
+    for n in nodes.values():
+        n.start()
+    try:
+        with caplog.at_level(logging.DEBUG):
+            r = ask_to_pair(nodes["hub-a"], nodes["hub-b"])
+        assert r.status_code == 200, r.text
+        assert any(rec.levelno == logging.WARNING and f"ConnectError reaching {dead}" in rec.getMessage()
+                   for rec in caplog.records if rec.name.startswith("hubpool_tailscale_admin"))
+        d1 = doctor(nodes["hub-b"])["D1"]
+        assert d1["verdict"] == "warning" and f"ConnectError reaching {dead}" in d1["detail"]
+    finally:
+        for n in nodes.values():
+            n.stop()

@@ -19,6 +19,7 @@ from hubpool_core.peering.discovery import MIN_PAIR_BY_ADDRESS_PROTOCOL, discove
 from hubpool_core.peering.guard import PeerRefused, admit
 from hubpool_core.peering.pairing import PairingError
 from hubpool_core.peering.peers import public_peer
+from hubpool_core.placement import is_fresh
 from hubpool_core.signals.containers import clamp_containers
 from hubpool_core.store import PoolPeer
 
@@ -152,15 +153,18 @@ def _op(fn):  # noqa: ANN001, ANN202 - operator credential, then the reference e
 
 @_op
 async def list_peers(request: Request) -> Response:
-    return JSONResponse([_peer_row(r) for r in request.app.state.node.peers.all()])
+    node = request.app.state.node
+    return JSONResponse([_peer_row(r, node.settings.current.poolHealthPollSeconds) for r in node.peers.all()])
 
 
-def _peer_row(row: PoolPeer) -> dict[str, Any]:
+def _peer_row(row: PoolPeer, poll_seconds: int) -> dict[str, Any]:
     out = public_peer(row)
     caps = row.last_capabilities if isinstance(row.last_capabilities, dict) else {}
     cap = caps.get("maxNumCtx")
     out["maxNumCtx"] = cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
-    out["containers"] = clamp_containers(caps.get("containers"))
+    # the same freshness rule /status applies: a snapshot routing no longer trusts is not a
+    # reading of the peer's load now, and must not be shown as one
+    out["containers"] = clamp_containers(caps.get("containers")) if is_fresh(row, poll_seconds) else None
     return out
 
 
