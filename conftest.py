@@ -36,6 +36,7 @@ SLOW = (
     "tests/test_clients_ollama.py",  # 7 s
     "tests/test_identity_lifecycle.py",  # 8 s
     "tests/test_pairing.py",  # 36 s
+    "tests/test_pair_by_lan_name.py",  # 11 s: pairs by LAN name through the CLI, end to end
     "tests/test_peer_security.py",  # 6 s
     "tests/test_placement_entry.py",  # 10 s
     "tests/test_plugins.py",  # 17 s

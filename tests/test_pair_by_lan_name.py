@@ -4,13 +4,14 @@ tailnet name to dial at https://hub-b.lan. Through the CLI against running nodes
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
 
 import pytest
-from harness import fqdn, make_pool
+from harness import RunningNode, bound_socket, fqdn, make_pool, tailnet_status_for
 
 P = "/api/inference/pool"
 LAN_NAME = "hub-b.lan"
@@ -23,16 +24,20 @@ def cli(node, *args):
                           env=env, timeout=60, stdin=subprocess.DEVNULL)
 
 
-@pytest.fixture
-def lan_resolver(monkeypatch):
-    """The LAN's DNS, faked for the in-thread node: hub-b.lan answers 127.0.0.1 (the world
-    faked, not the code: both the address check and the by-name dial resolve through it)."""
+def resolve_lan_name(monkeypatch, ip: str) -> None:
+    """The LAN's DNS, faked for the in-thread nodes: hub-b.lan answers ``ip`` (the world faked,
+    not the code: both the address check and the by-name dial resolve through it)."""
     real = socket.getaddrinfo
 
     def fake(host, *args, **kwargs):
-        return real("127.0.0.1" if host == LAN_NAME else host, *args, **kwargs)
+        return real(ip if host == LAN_NAME else host, *args, **kwargs)
 
     monkeypatch.setattr(socket, "getaddrinfo", fake)
+
+
+@pytest.fixture
+def lan_resolver(monkeypatch):
+    resolve_lan_name(monkeypatch, "127.0.0.1")
 
 
 @pytest.fixture
@@ -75,3 +80,39 @@ def test_a_tailnet_name_with_a_pin_still_pairs_by_name(pool2):
     paired = cli(a, "pair", fqdn("hub-b"), "--pin", pin, "--yes")
     assert paired.returncode == 0, paired.stdout + paired.stderr
     assert [(r["nodeFqdn"], r["direction"]) for r in peers_of(a)] == [(fqdn("hub-b"), "outbound")]
+
+
+def test_a_lan_name_with_a_pin_pairs_end_to_end(tmp_path, monkeypatch):
+    """hub-b listens where its LAN name points, on the default port pairing by address tries
+    first (5002), on a loopback address of its own; the dev switch admits loopback peers."""
+    lan_ip = "127.0.0.77"
+    b_sock = socket.socket()
+    b_sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        b_sock.bind((lan_ip, 5002))
+    except OSError as exc:  # pragma: no cover - another process holds exactly this address
+        b_sock.close()
+        pytest.skip(f"{lan_ip}:5002 is taken here ({exc})")
+    a_sock = bound_socket()
+    urls = {fqdn("hub-a"): f"http://127.0.0.1:{a_sock.getsockname()[1]}", fqdn("hub-b"): f"http://{lan_ip}:5002"}
+    env = {}
+    for name in ("hub-a", "hub-b"):
+        status_file = tmp_path / f"{name}-tailscale.json"
+        status_file.write_text(json.dumps(tailnet_status_for(name)))
+        env[name] = {"HUB_POOL_TAILSCALE_CLI": str(status_file), "HUB_POOL_PEER_URLS": json.dumps(urls),
+                     "HUB_POOL_DEV_ALLOW_LOOPBACK_PEERS": "true"}
+    env["hub-b"]["HUB_POOL_LISTEN"] = f"{lan_ip}:5002"
+    a = RunningNode(tmp_path / "hub-a", env["hub-a"], sock=a_sock)
+    b = RunningNode(tmp_path / "hub-b", env["hub-b"], sock=b_sock)
+    b.url = f"http://{lan_ip}:5002"
+    resolve_lan_name(monkeypatch, lan_ip)
+    with a, b:
+        assert "a Hub answers at hub-b.lan" in cli(a, "probe", LAN_NAME).stdout
+        with b.client(headers=b.headers()) as c:
+            pin = c.post(P + "/pairing-pin").json()["pin"]
+        paired = cli(a, "pair", LAN_NAME, "--pin", pin, "--yes")
+        assert paired.returncode == 0, paired.stdout + paired.stderr
+        assert f"Request sent to {fqdn('hub-b')}" in paired.stdout  # the PIN exchange named it
+        with b.client(headers=b.headers()) as c:
+            assert c.post(P + f"/peers/{fqdn('hub-a')}/approve").status_code == 200
+        assert [(r["nodeFqdn"], r["status"]) for r in peers_of(a)] == [(fqdn("hub-b"), "connected")]

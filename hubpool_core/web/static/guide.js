@@ -66,6 +66,8 @@ const Guide = (() => {
     } else if (!n.nodeFqdn) {
       checks.push({ title: "Tailscale is connected", verdict: V.ACTION, detail: "Tailscale is connected but this Hub has no tailnet name. Turn on MagicDNS for the tailnet.",
         fix: { label: "Open Tailscale DNS settings", href: "https://login.tailscale.com/admin/dns" } });
+    } else if (c1.verdict === "warning") {  // named, but the coordination server sees it offline
+      checks.push({ title: "Tailscale is connected", verdict: V.WARN, detail: "Tailnet name " + c1.detail + "." });
     } else {
       checks.push({ title: "Tailscale is connected", verdict: V.READY, detail: "Tailnet name " + n.nodeFqdn });
     }
