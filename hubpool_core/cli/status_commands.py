@@ -10,7 +10,7 @@ import typer
 
 from hubpool_core.cli.client import NodeError
 from hubpool_core.cli.commands import UrlOption, _client, _fail, app
-from hubpool_core.cli.format import counts_line, flag, labelled, peers_table, plural, table, when
+from hubpool_core.cli.format import counts_line, flag, labelled, load_lines, peers_table, plural, table, when
 from hubpool_core.cli.pairing_commands import YesOption, _call, _confirm
 
 P = "/api/inference/pool"
@@ -84,7 +84,8 @@ def _status_lines(s: dict[str, Any]) -> list[str]:
                                       f"healthPoll={flag(st.get('poolHealthPollSeconds'))}s"))
     lines.append(labelled("Routing log", counts_line(s.get("routing") or {})))
     lines += [""] + _this_node(s) + [""] + _pins(s) + [""] + _peers(s)
-    for block in (_context_caps(s), _measured_speed(s), _residency(s)):
+    for block in (load_lines(s.get("localNode"), s.get("peers") or []), _context_caps(s), _measured_speed(s),
+                  _residency(s)):
         if block:
             lines += [""] + block
     return lines

@@ -66,13 +66,19 @@ const Guide = (() => {
     } else if (!n.nodeFqdn) {
       checks.push({ title: "Tailscale is connected", verdict: V.ACTION, detail: "Tailscale is connected but this Hub has no tailnet name. Turn on MagicDNS for the tailnet.",
         fix: { label: "Open Tailscale DNS settings", href: "https://login.tailscale.com/admin/dns" } });
+    } else if (c1.verdict === "warning") {  // named, but the coordination server sees it offline
+      checks.push({ title: "Tailscale is connected", verdict: V.WARN, detail: "Tailnet name " + c1.detail + "." });
     } else {
       checks.push({ title: "Tailscale is connected", verdict: V.READY, detail: "Tailnet name " + n.nodeFqdn });
     }
-    checks.push(n.nodeFqdn
-      ? { title: "HTTPS certificates", verdict: V.WARN, detail: "This Hub cannot read whether HTTPS certificates are on for the tailnet. Hubs reach each other at https://<name>; check that HTTPS is on in the Tailscale admin console (DNS).",
-          fix: { label: "Open Tailscale DNS settings", href: "https://login.tailscale.com/admin/dns" } }
-      : { title: "HTTPS certificates", verdict: V.ACTION, detail: "Without a tailnet name there is no certificate to issue.",
+    // doctor's C3 reads the daemon's CertDomains: ready, needs action (HTTPS off), or a warning
+    // only when the daemon cannot say
+    const c3 = byId.C3 || {};
+    checks.push(c3.verdict === "ready"
+      ? { title: "HTTPS certificates", verdict: V.READY, detail: capital(c3.detail) + "." }
+      : { title: "HTTPS certificates", verdict: c3.verdict === "needs action" || !n.nodeFqdn ? V.ACTION : V.WARN,
+          detail: capital(c3.detail || "cannot tell whether HTTPS certificates are on for the tailnet") +
+            ". Hubs reach each other at https://<name>; HTTPS is turned on in the Tailscale admin console (DNS).",
           fix: { label: "Open Tailscale DNS settings", href: "https://login.tailscale.com/admin/dns" } });
     checks.push(c2.verdict === "ready"
       ? { title: "Tailscale publishes this Hub", verdict: V.READY, detail: c2.detail }

@@ -45,6 +45,22 @@
     }).join("; ");
   }
 
+  // GPU pressure band 0-3 and the container rollup; absent reads "not reported", never idle or zero
+  const BAND_WORDS = ["Idle", "Moderate", "Busy", "Saturated"];
+  function gpuBand(band) {
+    return Number.isInteger(band) && band >= 0 && band <= 3 ? BAND_WORDS[band] + " (band " + band + " of 3)" : "Not reported";
+  }
+  function bytes(n) {
+    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let i = 0;
+    while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+    return (i ? n.toFixed(1) : String(Math.round(n))) + " " + units[i];
+  }
+  function containers(c) {
+    if (!c) return "Not reported";
+    return c.running + " running, " + c.stopped + " stopped · CPU " + Math.round(c.cpuPercent) + "% · memory " + bytes(c.memoryBytes);
+  }
+
   function renderNode(s) {
     const n = s.localNode, id = n.identity || {};
     const rows = [
@@ -57,6 +73,8 @@
       ["Context cap", n.maxNumCtx ? n.maxNumCtx + " tokens" : "not stated"],
       ["Slots", n.ollamaSlots ? String(n.ollamaSlots) : "not stated"],
       ["Measured speed", speed(n.throughput)],
+      ["GPU pressure", gpuBand(n.gpuPressure)],
+      ["Containers", containers(n.containers)],
     ];
     if (id.publicKeyFingerprint && id.identityError) {
       // a key that cannot be opened never recovers by waiting; rotation is the one way back (spec)
@@ -91,7 +109,7 @@
     const rows = (s.peers || []).filter((p) => p.status !== "pending");
     if (!rows.length) { fill($("peer-list"), h("p", { class: "muted" }, "No Hub is paired yet.")); return; }
     const table = h("table", { class: "table stacked" },
-      h("thead", {}, h("tr", {}, ["Hub", "Status", "Last seen", "Queue", "Tier", "Engines", "Models", ""].map((c) => h("th", { scope: "col" }, c)))),
+      h("thead", {}, h("tr", {}, ["Hub", "Status", "Last seen", "Queue", "GPU", "Containers", "Tier", "Engines", "Models", ""].map((c) => h("th", { scope: "col" }, c)))),
       h("tbody", {}, rows.map((p) => {
         const kind = p.probeFailure ? p.probeFailure.kind : p.status;
         const note = failureNote(p);
@@ -109,11 +127,13 @@
               p.enabled ? null : HP.chip("Disabled", "warn")),
             h("td", { "data-label": "Last seen" }, ago(p.lastSeenAt)),
             h("td", { "data-label": "Queue" }, String(p.inFlightRequests || 0)),
+            h("td", { "data-label": "GPU" }, gpuBand(p.gpuPressure)),
+            h("td", { "data-label": "Containers" }, containers(p.containers)),
             h("td", { "data-label": "Tier" }, tier((p.lastCapabilities || {}).hardwareTier)),
             h("td", { "data-label": "Engines" }, peerEngines(p).join(", ") || "none running"),
             h("td", { "data-label": "Models" }, models.length ? models.join(", ") : "none"),
             h("td", { class: "actions" }, toggle, " ", unpair)),
-          note ? h("tr", { class: "note-row" }, h("td", { colspan: 8 },
+          note ? h("tr", { class: "note-row" }, h("td", { colspan: 10 },
             h("span", { class: note.unpair ? "needs" : "muted" }, "↳ " + note.text))) : null,
         ];
       }).flat()));
