@@ -37,6 +37,7 @@ SLOW = (
     "tests/test_pairing.py",  # 36 s
     "tests/test_peer_security.py",  # 6 s
     "tests/test_placement_entry.py",  # 10 s
+    "tests/test_postgres_outage.py",  # 12 s: its own PostgreSQL cluster, stopped and started twice
     "tests/test_plugins.py",  # 17 s
     "tests/test_routing.py",  # 41 s
     "tests/test_routing_log.py",  # 8 s

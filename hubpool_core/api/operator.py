@@ -96,6 +96,8 @@ async def status(request: Request) -> Response:
         **d.status_fields(connected_peers=len(connected),
                           connected_enabled_peers=sum(1 for r in connected if r.enabled)),
         "settings": settings.model_dump(),
+        # the store: which backend, and whether it answers (a node keeps routing without it)
+        "database": node.db.status(),
         "tailscaleAdminApiConfigured": bool(node.env.tailscale_oauth_client_id
                                             and node.env.tailscale_oauth_client_secret),
         "localNode": {

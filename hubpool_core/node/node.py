@@ -37,6 +37,7 @@ from hubpool_core.signals.local_engines import WHOLE_PROBE_MS, LocalEngines, bui
 from hubpool_core.signals.pressure_sampler import PressureSampler
 from hubpool_core.signals.residency import ResidencySampler
 from hubpool_core.store import Database
+from hubpool_core.store.db import UNREACHABLE
 from hubpool_core.telemetry import tracing
 from hubpool_core.telemetry.routing_log import DEFAULT_CAPACITY, MAX_CAPACITY, RoutingLog, now_iso
 
@@ -64,7 +65,13 @@ class Node:
         env.data_dir.mkdir(parents=True, exist_ok=True)
         self.settings = SettingsStore(env.data_dir / "settings.json")
         self.db = Database(env.resolved_database_url())
-        self.db.migrate()
+        try:
+            self.db.migrate()
+        except UNREACHABLE as exc:
+            # a node whose database is down at start still serves its own engines; the health
+            # tick keeps trying, migrates and loads identity and peers once it answers
+            self.db.migration_pending = True
+            self.db.mark_down(exc)
         self.keys = KeyStore(self.db, env.data_dir, env.operator_key)
         self.plugins: PluginHost = load_plugins(
             env.disabled_plugin_names, self.settings.current.pluginsDisabled, extra_plugins
@@ -127,6 +134,21 @@ class Node:
 
     def housekeeping(self) -> None:
         """What rides every health tick besides the probes (sync: it only touches the store)."""
+        if not self.db.available or self.db.migration_pending:
+            # lost (or never had) the database: one probe a tick; the store work below waits
+            # for it, while routing goes on with the peers held in memory
+            if not self.db.probe():
+                self.pairing_pin.sweep(int(time.time() * 1000))
+                self.nonces.sweep()
+                return
+            self.peers.reload()
+            self.identity.retry_now()
+        try:
+            self._store_housekeeping()
+        except UNREACHABLE as exc:
+            self.db.mark_down(exc)
+
+    def _store_housekeeping(self) -> None:
         now_ms = int(time.time() * 1000)
         for name in self.peers.expire_pending():
             log.info("pairing request with %s expired after 24 hours", name)

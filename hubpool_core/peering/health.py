@@ -25,6 +25,7 @@ from hubpool_core.peering.peers import aware, iso, utcnow
 from hubpool_core.peering.signing import REFUSAL_HEADER, REFUSAL_IDENTITY_MISMATCH
 from hubpool_core.periodic import Periodic
 from hubpool_core.store import PoolPeer
+from hubpool_core.store.db import UNREACHABLE as DB_UNREACHABLE
 
 log = logging.getLogger("hubpool.health")
 
@@ -165,11 +166,16 @@ class HealthPoller:
         except (ValueError, RecursionError):  # a peer's nesting bomb is "not JSON", not a dead tick
             detail = "answered something that is not JSON"
         caps = valid_capabilities(data) if status == 200 else None
-        if caps is not None:
-            await self._succeeded(row, caps)
-        else:
-            self._failed(row, status, refusal, detail if status != 200 else "invalid capabilities payload",
-                         engine_marked)
+        try:
+            if caps is not None:
+                await self._succeeded(row, caps)
+            else:
+                self._failed(row, status, refusal, detail if status != 200 else "invalid capabilities payload",
+                             engine_marked)
+        except DB_UNREACHABLE:
+            # the database is down (the repo marked it; /status says so): the probe's answer
+            # is not recorded, and routing keeps the row it holds in memory until it is back
+            log.debug("probe of %s not recorded: the database is unreachable", row.node_fqdn)
 
     async def _succeeded(self, row: PoolPeer, caps: dict[str, Any]) -> None:
         if row.id in self.failures:

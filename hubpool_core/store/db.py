@@ -7,14 +7,46 @@ import logging
 import os
 import subprocess
 import sys
+import time
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine as SqlEngine
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, InterfaceError, OperationalError
 
 log = logging.getLogger("hubpool.store")
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+
+#: what a database that cannot be reached raises (a refused or dropped connection, a server
+#: shutting down); anything else is a bug or bad data, not an outage
+UNREACHABLE = (OperationalError, InterfaceError)
+
+#: how long a node that lost its database waits before it tries again on the request path
+#: (routing never waits on a dead server: it reads the peers it holds in memory meanwhile)
+RETRY_S = 2.0
+
+#: how long to wait for a PostgreSQL connection: a server that is gone must not hold a request
+#: (or the health tick) longer than this
+CONNECT_TIMEOUT_S = 3
+
+
+def redacted(url: str) -> str:
+    """The URL with any password masked, for logs and /status."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "(unparseable database URL)"
+
+
+def describe(exc: BaseException) -> str:
+    """One line an operator can read: the driver's first line, not SQLAlchemy's background link."""
+    inner = getattr(exc, "orig", None) or exc
+    first = (str(inner).strip().splitlines() or [type(inner).__name__])[0]
+    return f"{type(inner).__name__}: {first}"[:300]
 
 
 class Database:
@@ -22,12 +54,78 @@ class Database:
 
     def __init__(self, url: str):
         self.url = url
-        kwargs = {}
+        kwargs: dict[str, Any] = {}
         if url.startswith("sqlite"):
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
+        elif url.startswith("postgresql"):
+            # a pooled connection the server dropped (a restart) is found and replaced before
+            # use, and a server that is gone fails a connect in seconds, not minutes
+            kwargs["pool_pre_ping"] = True
+            kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
         self.engine: SqlEngine = create_engine(url, future=True, **kwargs)
         if url.startswith("sqlite"):
             event.listen(self.engine, "connect", _sqlite_pragmas)
+        #: wall-clock time the database stopped answering, None while it answers
+        self.down_since: float | None = None
+        self.last_error: str | None = None
+        #: the schema has not been brought up to date yet (the database was down at start)
+        self.migration_pending = False
+        self._next_try = 0.0
+
+    # -- reachability: what a node does while its database is down ---------------------------
+
+    @property
+    def available(self) -> bool:
+        return self.down_since is None
+
+    def should_try(self) -> bool:
+        """Whether a read may go to the database now: always while it answers, and once every
+        RETRY_S while it does not (callers fall back to what they hold in memory)."""
+        return self.down_since is None or time.monotonic() >= self._next_try
+
+    def mark_down(self, exc: BaseException) -> None:
+        first = self.down_since is None
+        self.last_error = describe(exc)
+        self._next_try = time.monotonic() + RETRY_S
+        if first:
+            self.down_since = time.time()
+            log.error("database unreachable at %s (%s): routing goes on with the peers held in memory; "
+                      "changes that need the database answer 503 database_unavailable until it is back",
+                      redacted(self.url), self.last_error)
+
+    def mark_up(self) -> None:
+        if self.down_since is not None:
+            log.warning("database reachable again at %s after %.0f s", redacted(self.url),
+                        time.time() - self.down_since)
+        self.down_since = None
+        self.last_error = None
+
+    def probe(self) -> bool:
+        """One round trip (and the migration a down-at-start node still owes); records the
+        answer. True when the database answers."""
+        try:
+            with self.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+            if self.migration_pending:
+                self.migrate()
+                self.migration_pending = False
+        except UNREACHABLE as exc:
+            self.mark_down(exc)
+            return False
+        self.mark_up()
+        return True
+
+    def status(self) -> dict[str, Any]:
+        """The /status view: which backend, where, and whether it answers."""
+        return {
+            "backend": self.engine.dialect.name,
+            "url": redacted(self.url),
+            "available": self.available,
+            "downSince": (datetime.fromtimestamp(self.down_since, UTC).isoformat().replace("+00:00", "Z")
+                          if self.down_since is not None else None),
+            "error": self.last_error,
+            "migrationPending": self.migration_pending,
+        }
 
     def migrate(self) -> None:
         """Bring the schema to the newest revision (alembic upgrade head).
