@@ -33,6 +33,8 @@ SLOW = (
     "tests/test_cli_pool.py",  # 150 s
     "tests/test_clients_agents.py",  # 30 s
     "tests/test_clients_ollama.py",  # 7 s
+    "tests/test_history.py",  # 18 s: nodes with history on, restarted, and the CLI
+    "tests/test_history_crash.py",  # 27 s: a node process SIGKILLed under load and started again
     "tests/test_identity_lifecycle.py",  # 8 s
     "tests/test_pairing.py",  # 36 s
     "tests/test_peer_security.py",  # 6 s

@@ -37,8 +37,10 @@ from hubpool_core.signals.local_engines import WHOLE_PROBE_MS, LocalEngines, bui
 from hubpool_core.signals.pressure_sampler import PressureSampler
 from hubpool_core.signals.residency import ResidencySampler
 from hubpool_core.store import Database
-from hubpool_core.store.db import UNREACHABLE
+from hubpool_core.store.db import UNREACHABLE, redacted
+from hubpool_core.store.history import DEFAULT_RETENTION_DAYS, HistoryStore
 from hubpool_core.telemetry import tracing
+from hubpool_core.telemetry.history import DEFAULT_FLUSH_S, HistoryRecorder
 from hubpool_core.telemetry.routing_log import DEFAULT_CAPACITY, MAX_CAPACITY, RoutingLog, now_iso
 
 #: a development switch so several nodes can pair by address on one machine; off by default
@@ -57,6 +59,22 @@ def _instances(classes: Iterable[type], arg: Any, what: str) -> list[Any]:
         except Exception as exc:  # noqa: BLE001 - a plugin's constructor must not stop the node
             log.warning("%s %s could not start: %s", what, getattr(cls, "name", cls), exc)
     return out
+
+
+def _retention_days(raw: str | None) -> float:
+    """HUB_POOL_HISTORY_RETENTION_DAYS: a positive number of days (fractions allowed); a bad
+    value is said in the log and the default kept."""
+    if raw is None or not raw.strip():
+        return DEFAULT_RETENTION_DAYS
+    try:
+        days = float(raw)
+    except ValueError:
+        days = -1.0
+    if not 0 < days <= 36_500:
+        log.warning("HUB_POOL_HISTORY_RETENTION_DAYS=%r is not a number of days from 0 to 36500; keeping %d",
+                    raw, DEFAULT_RETENTION_DAYS)
+        return DEFAULT_RETENTION_DAYS
+    return days
 
 
 class Node:
@@ -91,6 +109,10 @@ class Node:
         self.stages = _instances(self.plugins.stages, self, "placement stage")
         size = env_int(env.routing_log_size, minimum=0) or DEFAULT_CAPACITY
         self.routing_log = RoutingLog(max(DEFAULT_CAPACITY, min(MAX_CAPACITY, size)))
+        #: the routing history (HUB_POOL_HISTORY, docs/history.md): None when off
+        self.history: HistoryRecorder | None = None
+        self.history_store: HistoryStore | None = None
+        self._open_history(env)
         floor = env_int(env.dev_first_byte_floor_ms, minimum=100, maximum=15_000) or 15_000
         connect = max(floor, env_int(env.first_byte_timeout_ms, minimum=1) or 300_000)
         self.budgets = Budgets(
@@ -131,6 +153,24 @@ class Node:
         self.heap = HeapTrimmer(lambda: self.routing_log.total_recorded)
         #: OpenTelemetry traces (hubpool_core/telemetry/tracing.py): None unless OTEL_TRACES_EXPORTER asks
         self.tracer: tracing.NodeTracer | None = None
+
+    def _open_history(self, env: EnvSettings) -> None:
+        url = env.resolved_history_url()
+        if url is None:
+            return
+        db = self.db if url == self.db.url else Database(url)
+        if db is not self.db:
+            try:
+                db.migrate()
+            except UNREACHABLE as exc:  # written (and migrated) once it answers; the ring is unaffected
+                db.migration_pending = True
+                db.mark_down(exc)
+        days = _retention_days(env.history_retention_days)
+        flush_ms = env_int(env.history_flush_ms, minimum=50, maximum=60_000) or int(DEFAULT_FLUSH_S * 1000)
+        self.history_store = HistoryStore(db)
+        self.history = HistoryRecorder(self.routing_log, self.history_store, flush_s=flush_ms / 1000,
+                                       retention_days=days)
+        log.info("routing history on: %s, batches every %d ms, kept %g days", redacted(url), flush_ms, days)
 
     def housekeeping(self) -> None:
         """What rides every health tick besides the probes (sync: it only touches the store)."""
@@ -257,6 +297,8 @@ class Node:
         self.pressure.start()
         self.containers.start()
         self.heap.start()
+        if self.history is not None:
+            self.history.start()
         self.tracer = await tracing.for_node(self)
 
     async def stop(self) -> None:
@@ -273,4 +315,8 @@ class Node:
         await self.local.close()
         if self.tracer is not None:  # flushes the spans still batched
             await self.tracer.shutdown()
+        if self.history is not None:  # what settled since the last batch
+            await self.history.stop()
+            if self.history_store is not None and self.history_store.db is not self.db:
+                self.history_store.db.dispose()
         self.db.dispose()
