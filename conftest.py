@@ -49,6 +49,7 @@ SLOW = (
     "tests/test_throughput_e2e.py",  # 19 s
     "tests/test_tracing.py",  # 15 s
     "tests/test_ttft_ranking.py",  # 20 s: two nodes, engines held busy
+    "tests/test_upgrade.py",  # 16 s: the previous release's data directory, migrated and served
     "tests/test_verdicts_output.py",  # 9 s
 )
 

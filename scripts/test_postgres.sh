@@ -15,5 +15,5 @@ trap 'uv run python tests/pg_cluster.py stop "$pg_root" || true; rm -rf "$pg_roo
 eval "$(uv run python tests/pg_cluster.py start "$pg_root")"
 export HUBPOOL_TEST_POSTGRES_URL
 echo "PostgreSQL at ${HUBPOOL_TEST_POSTGRES_URL}" >&2
-uv run pytest tests/test_identity.py tests/test_access.py tests/test_pairing.py tests/test_migrations.py \
+uv run pytest tests/test_identity.py tests/test_access.py tests/test_pairing.py tests/test_upgrade.py \
   tests/test_postgres_outage.py tests/test_history.py "$@"

@@ -132,8 +132,10 @@ class Database:
 
         alembic (about 10 MB resident once imported, with mako) is loaded only when the schema
         is behind: a plain query of alembic_version against the newest revision file decides."""
-        if self.current_revision() == head_revision():
+        current = self.current_revision()
+        if current == head_revision():
             return
+        refuse_newer_schema(current, self.url)
         from alembic import command
         from alembic.config import Config
 
@@ -179,8 +181,11 @@ def migrate_apart(url: str, timeout_s: float = 300) -> bool:
         return False
     db = Database(url)
     try:
-        if db.current_revision() == head_revision():
+        current = db.current_revision()
+        if current == head_revision():
             return True
+        if current is not None and current not in known_revisions():
+            return False  # a newer schema: the node's own migrate() refuses it with the reason
     finally:
         db.dispose()
     env = dict(os.environ, HUB_POOL_MIGRATE_URL=url)
@@ -197,11 +202,30 @@ def migrate_apart(url: str, timeout_s: float = 300) -> bool:
     return True
 
 
-def head_revision() -> str | None:
-    """The newest revision among the migration files: the one no other revision follows.
+class SchemaTooNew(RuntimeError):
+    """The database was migrated by a newer hubpool than this one: a downgrade, refused."""
 
-    Read from each file's `revision` / `down_revision` assignments without importing alembic;
-    None when that is not one clear head (alembic then decides)."""
+
+def refuse_newer_schema(current: str | None, url: str) -> None:
+    """Raise :class:`SchemaTooNew` when ``current`` is a revision this release does not know.
+
+    Going back a release must not touch a schema a newer one wrote (its tables may hold what
+    this one cannot read, and alembic cannot downgrade from a revision it has no file for)."""
+    if current is None or current in known_revisions():
+        return
+    raise SchemaTooNew(
+        f"The database at {redacted(url)} is at schema revision {current}, written by a newer hubpool than "
+        f"this one (which knows revisions up to {head_revision()}). hubpool never downgrades a schema: "
+        "install the newer release again, or point HUB_POOL_DATABASE_URL (or HUB_POOL_HISTORY) at a "
+        "database of this release's own (docs/upgrades.md).")
+
+
+def known_revisions() -> set[str]:
+    """Every revision among this release's migration files."""
+    return set(_revision_graph() or {})
+
+
+def _revision_graph() -> dict[str, object] | None:
     revisions: dict[str, object] = {}
     for path in (MIGRATIONS / "versions").glob("*.py"):
         values: dict[str, object] = {}
@@ -214,6 +238,17 @@ def head_revision() -> str | None:
                     return None
         if isinstance(revision := values.get("revision"), str):
             revisions[revision] = values.get("down_revision")
+    return revisions
+
+
+def head_revision() -> str | None:
+    """The newest revision among the migration files: the one no other revision follows.
+
+    Read from each file's `revision` / `down_revision` assignments without importing alembic;
+    None when that is not one clear head (alembic then decides)."""
+    revisions = _revision_graph()
+    if revisions is None:
+        return None
     followed: set[object] = set()
     for down in revisions.values():
         followed.update(down if isinstance(down, (tuple, list)) else [down])
