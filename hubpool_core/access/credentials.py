@@ -93,7 +93,7 @@ class KeyStore:
         if self.is_operator_key(presented):
             return Principal("operator", None)
         digest = hash_key(presented)
-        if not self.db.should_try():
+        if not self.db.available:
             return self._seen.get(digest)
         try:
             with self.db.engine.begin() as conn:

@@ -127,7 +127,7 @@ class PeerRepo:
     def all(self) -> list[PoolPeer]:
         cached = self._all
         if cached is None:
-            if not self.db.should_try():
+            if not self.db.available:  # the health tick's probe brings it back (Node.housekeeping)
                 return list(self._last_read)
             generation = self._generation
             try:

@@ -25,10 +25,6 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 #: shutting down); anything else is a bug or bad data, not an outage
 UNREACHABLE = (OperationalError, InterfaceError)
 
-#: how long a node that lost its database waits before it tries again on the request path
-#: (routing never waits on a dead server: it reads the peers it holds in memory meanwhile)
-RETRY_S = 2.0
-
 #: how long to wait for a PostgreSQL connection: a server that is gone must not hold a request
 #: (or the health tick) longer than this
 CONNECT_TIMEOUT_S = 3
@@ -70,23 +66,19 @@ class Database:
         self.last_error: str | None = None
         #: the schema has not been brought up to date yet (the database was down at start)
         self.migration_pending = False
-        self._next_try = 0.0
 
     # -- reachability: what a node does while its database is down ---------------------------
 
     @property
     def available(self) -> bool:
+        """False from the first failed connection until a probe (the health tick, in a
+        thread) reaches the database again: the request path never waits on a dead server
+        meanwhile, it reads what the node holds in memory."""
         return self.down_since is None
-
-    def should_try(self) -> bool:
-        """Whether a read may go to the database now: always while it answers, and once every
-        RETRY_S while it does not (callers fall back to what they hold in memory)."""
-        return self.down_since is None or time.monotonic() >= self._next_try
 
     def mark_down(self, exc: BaseException) -> None:
         first = self.down_since is None
         self.last_error = describe(exc)
-        self._next_try = time.monotonic() + RETRY_S
         if first:
             self.down_since = time.time()
             log.error("database unreachable at %s (%s): routing goes on with the peers held in memory; "
