@@ -16,6 +16,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any, Protocol
 
 from hubpool_core.periodic import Periodic
@@ -29,6 +30,9 @@ MAX_WATCHED = 20_000
 #: settled rows held while the history database is unreachable; beyond it the oldest are dropped
 MAX_BACKLOG = 50_000
 PRUNE_EVERY_S = 3600.0
+#: a row touched this recently waits for the next look even with its totalMs set: one path
+#: settles a row and then, after an await, corrects its status (a 502 that is the app's 404)
+SETTLE_GRACE_MS = 250
 
 
 class HistoryWriter(Protocol):
@@ -43,6 +47,16 @@ def settled_copy(stored: dict[str, Any] | tuple[Any, ...]) -> dict[str, Any]:
         if isinstance(row.get(key), (list, tuple)):
             row[key] = list(row[key])
     return row
+
+
+def _settled(row: dict[str, Any], now_ms: float) -> bool:
+    if row["totalMs"] is None:
+        return False
+    try:
+        touched = datetime.fromisoformat(row["updatedAt"].replace("Z", "+00:00")).timestamp() * 1000
+    except (AttributeError, ValueError):
+        return True
+    return now_ms - touched >= SETTLE_GRACE_MS
 
 
 class HistoryRecorder:
@@ -69,6 +83,7 @@ class HistoryRecorder:
     def collect(self) -> None:
         """Move settled rows into the backlog. Runs on the event loop, where the rows change."""
         ring = self.ring
+        now_ms = time.time() * 1000
         new = ring.total_recorded - self._seen_total
         self._seen_total = ring.total_recorded
         if new > 0:
@@ -80,12 +95,12 @@ class HistoryRecorder:
             if new > len(fresh):  # opened and evicted between two looks: a ring far too small
                 self.dropped += new - len(fresh)
             for stored in reversed(fresh):
-                if type(stored) is dict and stored["totalMs"] is None:
+                if type(stored) is dict and not _settled(stored, now_ms):
                     self._watching[id(stored)] = stored
-                else:
+                else:  # a tuple is a row the ring itself compacted: finished
                     self._backlog.append(settled_copy(stored))
         for key, row in list(self._watching.items()):
-            if row["totalMs"] is not None:
+            if _settled(row, now_ms):
                 del self._watching[key]
                 self._backlog.append(settled_copy(row))
         while len(self._watching) > MAX_WATCHED:
