@@ -21,6 +21,7 @@ from harness import fqdn, make_pool
 from pg_cluster import Cluster, pg_bin, scratch_root
 from sqlalchemy import create_engine, text
 
+from hubpool_core.cli.status_commands import _status_lines
 from hubpool_sim import SimConfig, SimModel, run_in_thread
 
 P = "/api/inference/pool"
@@ -120,6 +121,8 @@ def test_postgres_down_at_start_and_mid_run_keeps_routing_and_recovers(tmp_path,
         assert [p["nodeFqdn"] for p in peers] == [fqdn("hub-b")]  # the status page still lists it
         refused = op(a, "POST", f"/peers/{fqdn('hub-b')}/disable", expect=503).json()
         assert refused["code"] == "database_unavailable"
+        said = "\n".join(_status_lines(op(a, "GET", "/status").json()))  # what `hubpool status` prints
+        assert "Database" in said and "UNREACHABLE since" in said and "routing goes on from memory" in said
 
         # 4. PostgreSQL is back: no restart; the change that was refused now lands
         caplog.clear()
