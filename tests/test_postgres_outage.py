@@ -101,6 +101,8 @@ def test_postgres_down_at_start_and_mid_run_keeps_routing_and_recovers(tmp_path,
         op(b, "POST", f"/peers/{fqdn('hub-a')}/approve")
         tick(a, b)
         tick(a, b)  # the second round: both sides sign
+        _row, key = a.node.keys.create("editor", "inference")
+        assert a.node.keys.resolve(key) is not None  # seen valid once by this process
         r = chat(a, "llama3.2:3b")
         assert r.status_code == 200 and r.headers["x-hub-pool-served-by"] == fqdn("hub-b"), r.text
         with create_engine(urls["hub-a"]).connect() as conn:  # the pairing is in PostgreSQL
@@ -117,6 +119,9 @@ def test_postgres_down_at_start_and_mid_run_keeps_routing_and_recovers(tmp_path,
         for _ in range(3):
             r = chat(a, "llama3.2:3b")
             assert r.status_code == 200 and r.headers["x-hub-pool-served-by"] == fqdn("hub-b"), r.text
+        seen = a.node.keys.resolve(key)  # a key already seen valid keeps working from memory
+        assert seen is not None and seen.scope == "inference"
+        assert a.node.keys.resolve("hpi_never-seen-before") is None
         peers = op(a, "GET", "/status").json()["peers"]
         assert [p["nodeFqdn"] for p in peers] == [fqdn("hub-b")]  # the status page still lists it
         refused = op(a, "POST", f"/peers/{fqdn('hub-b')}/disable", expect=503).json()
