@@ -154,3 +154,49 @@ def test_parse_when_accepts_durations_and_zoned_times_only():
     for bad in ("2026-12-01T09:00:00", "h", "-2h", "two hours", ""):
         with pytest.raises(ValueError, match="duration ago"):
             parse_when(bad, now)
+
+
+class FlakyDatabase:
+    """A history database that is down for its first ``down`` writes (the world, not the code)."""
+
+    def __init__(self, down: int):
+        self.down, self.batches, self.pruned = down, [], []
+
+    def write(self, rows, boot_id):
+        if self.down:
+            self.down -= 1
+            raise ConnectionError("connection refused")
+        self.batches.append([r["id"] for r in rows])
+        return len(rows)
+
+    def prune(self, retention_days):
+        self.pruned.append(retention_days)
+        return 0
+
+
+def test_the_recorder_batches_settled_rows_keeps_them_while_the_database_is_down_and_prunes():
+    import asyncio
+
+    from hubpool_core.telemetry.history import HistoryRecorder
+    from hubpool_core.telemetry.routing_log import RoutingLog
+
+    async def run() -> tuple[FlakyDatabase, HistoryRecorder, list[str]]:
+        ring = RoutingLog()
+        db = FlakyDatabase(down=1)
+        recorder = HistoryRecorder(ring, db, flush_s=60, retention_days=7, clock=lambda: 0.0)
+        rows = [ring.open(direction="outbound", path="/api/chat", model="m:1b") for _ in range(3)]
+        old = "2026-01-01T00:00:00.000Z"  # settled long ago: past the settle grace
+        for row in rows[:2]:
+            row.update(outcome="served", status=200, durationMs=5, totalMs=9, updatedAt=old)
+        await recorder.flush()  # the database is down: both kept, nothing lost
+        assert db.batches == [] and recorder.status()["backlog"] == 2 and recorder.status()["error"]
+        rows[2].update(outcome="failed", status=502, durationMs=0, totalMs=0, updatedAt=old)
+        await recorder.flush()  # back: one batch with all three, in the order they settled
+        return db, recorder, [r["id"] for r in rows]
+
+    db, recorder, ids = asyncio.run(run())
+    assert db.batches == [ids]
+    assert recorder.status() | {"flushMs": 0} == {"enabled": True, "flushMs": 0, "retentionDays": 7, "written": 3,
+                                                  "batches": 1, "backlog": 0, "inFlight": 0, "dropped": 0,
+                                                  "error": None}
+    assert db.pruned == [7]  # pruned on the first successful pass, then hourly
