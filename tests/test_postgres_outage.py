@@ -56,17 +56,18 @@ def database(node) -> dict:
 def test_postgres_down_at_start_and_mid_run_keeps_routing_and_recovers(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="hubpool.store")
     root = scratch_root()
-    cluster = Cluster(root).init().start()
-    admin = create_engine(cluster.url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        for name in ("hub_a", "hub_b"):
-            conn.execute(text(f"CREATE DATABASE {name}"))
-    admin.dispose()
-    cluster.stop()  # down before either node starts
-    urls = {n: cluster.url.rsplit("/", 1)[0] + "/" + n.replace("-", "_") for n in ("hub-a", "hub-b")}
+    cluster = Cluster(root)
     with ExitStack() as stack:
         stack.callback(shutil.rmtree, root, True)
         stack.callback(lambda: cluster.running() and cluster.stop("immediate"))
+        cluster.init().start()
+        admin = create_engine(cluster.url, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            for name in ("hub_a", "hub_b"):
+                conn.execute(text(f"CREATE DATABASE {name}"))
+        admin.dispose()
+        cluster.stop()  # down before either node starts
+        urls = {n: cluster.url.rsplit("/", 1)[0] + "/" + n.replace("-", "_") for n in ("hub-a", "hub-b")}
         # hub-a has no engine of its own: everything it serves is hub-b's, through the pool
         sim = stack.enter_context(run_in_thread(SimConfig(flavor="ollama", models=[SimModel("llama3.2:3b")],
                                                           decode_ms_per_token=0)))
