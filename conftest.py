@@ -35,12 +35,15 @@ SLOW = (
     "tests/test_containers_chain.py",  # 16 s: two nodes, a fake Docker socket and three CLI runs
     "tests/test_clients_agents.py",  # 30 s
     "tests/test_clients_ollama.py",  # 7 s
+    "tests/test_history.py",  # 18 s: nodes with history on, restarted, and the CLI
+    "tests/test_history_crash.py",  # 27 s: a node process SIGKILLed under load and started again
     "tests/test_identity_lifecycle.py",  # 8 s
     "tests/test_identity_recovery.py",  # 10 s: a real restart and three CLI runs
     "tests/test_pairing.py",  # 36 s
     "tests/test_pair_by_lan_name.py",  # 11 s: pairs by LAN name through the CLI, end to end
     "tests/test_peer_security.py",  # 6 s
     "tests/test_placement_entry.py",  # 10 s
+    "tests/test_postgres_outage.py",  # 12 s: its own PostgreSQL cluster, stopped and started twice
     "tests/test_plugins.py",  # 17 s
     "tests/test_routing.py",  # 41 s
     "tests/test_routing_log.py",  # 8 s
@@ -50,6 +53,7 @@ SLOW = (
     "tests/test_throughput_e2e.py",  # 19 s
     "tests/test_tracing.py",  # 15 s
     "tests/test_ttft_ranking.py",  # 20 s: two nodes, engines held busy
+    "tests/test_upgrade.py",  # 16 s: the previous release's data directory, migrated and served
     "tests/test_verdicts_output.py",  # 9 s
 )
 

@@ -52,6 +52,11 @@ class EnvSettings(BaseSettings):
     completion_timeout_ms: str | None = _alias("HUB_POOL_COMPLETION_TIMEOUT_MS")
     min_prefill_tokens_per_sec: str | None = _alias("HUB_POOL_MIN_PREFILL_TOKENS_PER_SEC")
     routing_log_size: str | None = _alias("HUB_POOL_ROUTING_LOG_SIZE")
+    # routing history (docs/history.md): off unless set; `sqlite` (history.db in the data
+    # directory) or a database URL; rows older than the retention are pruned
+    history: str | None = _alias("HUB_POOL_HISTORY")
+    history_retention_days: str | None = _alias("HUB_POOL_HISTORY_RETENTION_DAYS")
+    history_flush_ms: str | None = _alias("HUB_POOL_HISTORY_FLUSH_MS")
     # test rigs only (docs/reliability.md): the fault suite needs 1 s polls and header budgets
     # of a second or two, below what the persisted setting (10 s) and the 15 s floor allow
     dev_health_poll_seconds: str | None = _alias("HUB_POOL_DEV_HEALTH_POLL_SECONDS")
@@ -122,6 +127,15 @@ class EnvSettings(BaseSettings):
 
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{self.data_dir / 'hubpool.db'}"
+
+    def resolved_history_url(self) -> str | None:
+        """Where routing history goes, or None when it is off (HUB_POOL_HISTORY unset or empty)."""
+        raw = (self.history or "").strip()
+        if not raw or raw.lower() in ("off", "false", "0", "no"):
+            return None
+        if raw.lower() in ("sqlite", "on", "true", "1", "yes"):
+            return f"sqlite:///{self.data_dir / 'history.db'}"
+        return raw
 
 
 

@@ -5,7 +5,18 @@ from __future__ import annotations
 import os
 import stat
 
+import pytest
+from harness import RunningNode
+
 from hubpool_core.access.credentials import KeyStore
+
+
+@pytest.fixture
+def node(tmp_path, ollama_sim, vllm_sim, store_url):
+    """The shared node fixture, its API keys in SQLite and (with HUBPOOL_TEST_POSTGRES_URL) in PostgreSQL."""
+    with RunningNode(tmp_path / "node", {"OLLAMA_URL": ollama_sim.url, "VLLM_URL": vllm_sim.url,
+                                         "HUB_POOL_DATABASE_URL": store_url("node")}) as n:
+        yield n
 
 
 def _keys(node) -> KeyStore:
@@ -31,8 +42,6 @@ def test_operator_routes_need_the_operator_key(node):
 
 
 def test_env_operator_key_is_accepted(tmp_path):
-    from harness import RunningNode
-
     with RunningNode(tmp_path / "n", {"HUB_POOL_OPERATOR_KEY": "automation-secret-123"}) as n, n.client() as c:
         assert c.get("/api/inference/pool/settings",
                      headers={"Authorization": "Bearer automation-secret-123"}).status_code == 200

@@ -17,7 +17,17 @@ import pytest
 from harness import RunningNode
 
 from hubpool_core.bench import procs
-from hubpool_core.bench.relay import CHAT, NATIVE_CHAT, LoadDriver, Report, Run, Target, frames, judge_gate
+from hubpool_core.bench.relay import (
+    CHAT,
+    HISTORY_ARM,
+    NATIVE_CHAT,
+    LoadDriver,
+    Report,
+    Run,
+    Target,
+    frames,
+    judge_gate,
+)
 from hubpool_core.bench.stub_engine import FAST, PACED, ndjson_frames, sse_frames
 
 
@@ -144,6 +154,27 @@ def test_the_gate_fails_a_relay_that_burns_cpu_or_loses_paced_throughput():
     httpx_like = report(4.0, 8.4)  # 4 ms a request and 0.35 of direct: the measured httpx collapse
     assert httpx_like["gate-cpu"] == "FAIL" and httpx_like["gate-paced-64"] == "FAIL"
     assert report(1.5, 23.8)["gate-cpu"] == "FAIL"  # a 3× regression of today's relay (75× nginx)
+
+
+def test_the_gate_holds_the_history_arm_to_the_same_bounds_and_reports_the_ratio():
+    def report(history_cpu: float) -> dict[str, tuple[str, str]]:
+        r = Report(config={})
+        for rnd in range(3):
+            r.runs += [_run("nginx", "saturation-c64", rnd, 1000, 5000, 0.02),
+                       _run("hubpool-1hop", "saturation-c64", rnd, 1000, 1200, 0.5),
+                       _run(HISTORY_ARM, "saturation-c64", rnd, 1000, 1200, history_cpu)]
+            for c in (16, 64):
+                r.runs += [_run("direct", f"paced-c{c}", rnd, 48, 24.0, 0.05),
+                           _run("hubpool-1hop", f"paced-c{c}", rnd, 48, 23.8, 0.1),
+                           _run(HISTORY_ARM, f"paced-c{c}", rnd, 48, 23.8, 0.1)]
+        judge_gate(r, {name: Target(name, "", []) for name in ("nginx", "hubpool-1hop", HISTORY_ARM)})
+        return {g["goal"]: (g["verdict"], g["measured"]) for g in r.goals}
+
+    same = report(0.55)
+    assert {k for k in same} >= {"gate-cpu", "gate-cpu-history", "gate-paced-16-history", "gate-paced-64-history"}
+    assert all(v == "PASS" for k, (v, _m) in same.items() if k.startswith("gate-"))
+    assert same["history-cpu"] == ("SKIP", "1.10×")  # reported beside the gate, not judged
+    assert report(4.0)["gate-cpu-history"][0] == "FAIL" and report(4.0)["gate-cpu"][0] == "PASS"
 
 
 def test_the_bench_imports_no_simulator():

@@ -121,6 +121,9 @@ def test_status_prints_every_block_and_json_is_the_raw_answer(pool):
     assert line(text, "Settings ") == ("Settings      poolEnabled=true · outbound=true · inbound=true · "
                                        "localAffinity=1 · healthPoll=30s")
     assert line(text, "Routing log ") == "Routing log   0/200 recorded · 0 served · 0 failed · 0 failovers"
+    assert line(text, "Database ").startswith("Database      sqlite at sqlite:///")
+    assert line(text, "Database ").endswith("hubpool.db — answering")
+    assert line(text, "History ").startswith("History       off (HUB_POOL_HISTORY=sqlite")
 
     me = block(text, "This node")
     fingerprint = op(a, "GET", "/status")["localNode"]["identity"]["publicKeyFingerprint"]

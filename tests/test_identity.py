@@ -39,8 +39,8 @@ class Clock:
 
 
 @pytest.fixture
-def db(tmp_path):
-    database = Database(f"sqlite:///{tmp_path / 'hubpool.db'}")
+def db(store_url):
+    database = Database(store_url("hubpool"))
     database.migrate()
     yield database
     database.dispose()
@@ -129,14 +129,14 @@ def test_changed_node_secret_degrades_to_verify_only_and_never_remints(db, tmp_p
         sign_headers(degraded, "GET", "/api/inference/pool/capabilities", degraded.node_uuid, "a.ts.net", "peer", None)
 
 
-def test_a_degraded_node_can_still_verify_its_peers(db, tmp_path):
+def test_a_degraded_node_can_still_verify_its_peers(db, tmp_path, store_url):
     secret = node_secret_path(tmp_path)
     own_uuid = IdentityStore(db, secret).get().node_uuid
     secret.write_bytes(os.urandom(32))
     me = IdentityStore(db, secret).get()
     assert me.signing_key is None
 
-    peer = IdentityStore(Database(f"sqlite:///{tmp_path / 'peer.db'}"), tmp_path / "peer.secret")
+    peer = IdentityStore(Database(store_url("peer")), tmp_path / "peer.secret")
     peer.db.migrate()
     them = peer.get()
     path = "/api/inference/pool/capabilities"
@@ -170,8 +170,8 @@ def test_rotate_recovers_a_degraded_node_under_the_current_secret(db, tmp_path):
     assert reloaded.can_sign and reloaded.public_key == recovered.public_key
 
 
-def test_a_failed_load_returns_none_and_retries_after_60_s(tmp_path):
-    database = Database(f"sqlite:///{tmp_path / 'late.db'}")  # schema not migrated yet
+def test_a_failed_load_returns_none_and_retries_after_60_s(tmp_path, store_url):
+    database = Database(store_url("late"))  # schema not migrated yet
     clock = Clock()
     store = IdentityStore(database, node_secret_path(tmp_path), clock=clock)
 
@@ -200,8 +200,8 @@ def test_seal_is_bound_to_the_secret_and_the_uuid():
         open_sealed_key(secret, "uuid-a", "v0:" + sealed[3:])
 
 
-def test_concurrent_first_use_mints_once(tmp_path):
-    database = Database(f"sqlite:///{tmp_path / 'race.db'}")
+def test_concurrent_first_use_mints_once(tmp_path, store_url):
+    database = Database(store_url("race"))
     database.migrate()
     secret = node_secret_path(tmp_path)
     stores = [IdentityStore(database, secret) for _ in range(6)]  # six "processes"

@@ -31,8 +31,9 @@ def fingerprint(node) -> str:
 
 
 @pytest.fixture
-def pool2(tmp_path):
-    nodes = make_pool(tmp_path, ["hub-a", "hub-b"])
+def pool2(tmp_path, store_url):
+    names = ["hub-a", "hub-b"]
+    nodes = make_pool(tmp_path, names, per_node={n: {"HUB_POOL_DATABASE_URL": store_url(n)} for n in names})
     for n in nodes.values():
         n.start()
     yield nodes
@@ -41,8 +42,9 @@ def pool2(tmp_path):
 
 
 @pytest.fixture
-def pool3(tmp_path):
-    nodes = make_pool(tmp_path, ["hub-a", "hub-b", "hub-c"])
+def pool3(tmp_path, store_url):
+    names = ["hub-a", "hub-b", "hub-c"]
+    nodes = make_pool(tmp_path, names, per_node={n: {"HUB_POOL_DATABASE_URL": store_url(n)} for n in names})
     for n in nodes.values():
         n.start()
     yield nodes

@@ -57,14 +57,15 @@ def test_the_entry_point_does_not_load_typer_until_a_command_needs_it():
 
 def test_a_current_schema_is_not_migrated_with_alembic_and_a_behind_one_is_migrated_apart(tmp_path):
     url = f"sqlite:///{tmp_path / 'hubpool.db'}"
-    assert head_revision() == "0001"
+    assert head_revision() == "0002"  # 0002: the routing history's table (docs/upgrades.md)
     assert migrate_apart(url) is True  # a new database: the child ran alembic
     db = Database(url)
     try:
         assert db.current_revision() == head_revision()
         tables = {r[0] for r in db.engine.connect().exec_driver_sql(
             "SELECT name FROM sqlite_master WHERE type = 'table'")}
-        assert {"hub_pool_identity", "hub_pool_peer", "hub_pool_api_key", "alembic_version"} <= tables
+        assert {"hub_pool_identity", "hub_pool_peer", "hub_pool_api_key", "hub_pool_routing_history",
+                "alembic_version"} <= tables
     finally:
         db.dispose()
     out = _fresh_python("import sys\nfrom hubpool_core.store.db import Database\n"

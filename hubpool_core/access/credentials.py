@@ -18,11 +18,14 @@ from pathlib import Path
 from sqlalchemy import insert, select, update
 
 from hubpool_core.store import ApiKey, Database, api_key_table
+from hubpool_core.store.db import UNREACHABLE
 from hubpool_core.store.models import from_row, values_of
 
 OPERATOR_KEY_FILE = "operator.key"
 SCOPES = ("operator", "inference", "qa:read")
 _PREFIX = {"operator": "hpo_", "inference": "hpi_", "qa:read": "hpq_"}
+#: how many resolved keys a process remembers for an outage (a pool has a handful)
+SEEN_KEYS_MAX = 1024
 
 
 def operator_key_path(data_dir: Path) -> Path:
@@ -73,6 +76,9 @@ class KeyStore:
         self.data_dir = data_dir
         self.env_operator_key = env_operator_key or None
         self.operator_key = ensure_operator_key(data_dir)
+        #: keys resolved valid by this process (SHA-256 -> principal), for a database outage;
+        #: a revocation through this node drops its entry
+        self._seen: dict[str, Principal] = {}
 
     def is_operator_key(self, presented: str) -> bool:
         ok = hmac.compare_digest(presented.encode(), self.operator_key.encode())
@@ -87,14 +93,27 @@ class KeyStore:
         if self.is_operator_key(presented):
             return Principal("operator", None)
         digest = hash_key(presented)
-        with self.db.engine.begin() as conn:
-            row = conn.execute(select(api_key_table.c.id, api_key_table.c.scope, api_key_table.c.revoked_at)
-                               .where(api_key_table.c.key_hash == digest)).first()
-            if row is None or row.revoked_at is not None:
-                return None
-            conn.execute(update(api_key_table).where(api_key_table.c.id == row.id)
-                         .values(last_used_at=datetime.now(UTC)))
-            return Principal(row.scope, row.id)
+        if not self.db.available:
+            return self._seen.get(digest)
+        try:
+            with self.db.engine.begin() as conn:
+                row = conn.execute(select(api_key_table.c.id, api_key_table.c.scope, api_key_table.c.revoked_at)
+                                   .where(api_key_table.c.key_hash == digest)).first()
+                if row is None or row.revoked_at is not None:
+                    self._seen.pop(digest, None)
+                    return None
+                conn.execute(update(api_key_table).where(api_key_table.c.id == row.id)
+                             .values(last_used_at=datetime.now(UTC)))
+        except UNREACHABLE as exc:
+            # the database is down: a key this process has already seen valid still works (as
+            # routing goes on from the peers in memory); a new one waits for the database
+            self.db.mark_down(exc)
+            return self._seen.get(digest)
+        principal = Principal(row.scope, row.id)
+        if len(self._seen) >= SEEN_KEYS_MAX:
+            self._seen.clear()
+        self._seen[digest] = principal
+        return principal
 
     def create(self, name: str, scope: str) -> tuple[ApiKey, str]:
         if scope not in SCOPES:
@@ -122,6 +141,7 @@ class KeyStore:
                 if len(rows) > 1:
                     raise LookupError(f"{ident!r} matches {len(rows)} keys; use the full id")
                 return None
+            self._seen = {d: p for d, p in self._seen.items() if p.key_id != rows[0].id}
             rows[0].revoked_at = datetime.now(UTC)
             conn.execute(update(api_key_table).where(api_key_table.c.id == rows[0].id)
                          .values(revoked_at=rows[0].revoked_at))

@@ -107,7 +107,8 @@ def _api_key_header(headers: dict[str, str]) -> str | None:
 
 
 #: Routes a qa:read key may GET (spec: "Reading these without an operator credential").
-QA_READ_ROUTES = frozenset({"/api/inference/pool/status", "/api/inference/pool/routing-log", "/metrics"})
+QA_READ_ROUTES = frozenset({"/api/inference/pool/status", "/api/inference/pool/routing-log",
+                            "/api/inference/pool/routing-history", "/metrics"})
 
 
 def operator_refusal(method: str, path: str, headers: dict[str, str], keys: KeyStore) -> tuple[int, dict] | Principal:

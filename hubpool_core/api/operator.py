@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
@@ -20,6 +21,8 @@ from hubpool_core.placement.handout import effective_ceiling
 from hubpool_core.placement.throughput import advertised_estimates, peer_snapshot_age_ms
 from hubpool_core.signals.containers import clamp_containers
 from hubpool_core.signals.pressure_bands import read_band, wire_source_name
+from hubpool_core.store.history import MAX_PAGE as HISTORY_MAX_PAGE
+from hubpool_core.store.history import parse_when
 from hubpool_core.telemetry.routing_log import MAX_CAPACITY, parse_since
 
 P = "/api/inference/pool"
@@ -79,6 +82,43 @@ async def routing_log(request: Request) -> Response:
     return JSONResponse(request.app.state.node.routing_log.query(limit=limit, since=since))
 
 
+HISTORY_OUTCOMES = ("served", "failed")
+HISTORY_DIRECTIONS = ("outbound", "inbound")
+
+
+async def routing_history(request: Request) -> Response:
+    """GET /routing-history: settled rows from the persisted history (docs/history.md), newest
+    first, each exactly as the ring held it; filters since/until/model/node/outcome/direction."""
+    if (refused := _operator(request)) is not None:
+        return refused
+    node = request.app.state.node
+    if node.history_store is None:
+        return JSONResponse({"error": "Routing history is off on this node: set HUB_POOL_HISTORY=sqlite (or a "
+                                      "database URL) and restart it (docs/history.md)",
+                             "code": "history_off"}, status_code=409)
+    params = request.query_params
+    raw_limit = params.get("limit", "1000")
+    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= HISTORY_MAX_PAGE:
+        return JSONResponse({"error": f"limit must be a whole number from 1 to {HISTORY_MAX_PAGE}"}, status_code=400)
+    filters: dict[str, Any] = {}
+    for key in ("since", "until"):
+        if params.get(key):
+            try:
+                filters[key] = parse_when(params[key])
+            except ValueError as exc:
+                return JSONResponse({"error": f"{key}: {exc}"}, status_code=400)
+    for key, allowed in (("outcome", HISTORY_OUTCOMES), ("direction", HISTORY_DIRECTIONS)):
+        if params.get(key):
+            if params[key] not in allowed:
+                return JSONResponse({"error": f"{key} must be one of {', '.join(allowed)}"}, status_code=400)
+            filters[key] = params[key]
+    for key in ("model", "node"):
+        if params.get(key):
+            filters[key] = params[key].strip()
+    found = await asyncio.to_thread(node.history_store.query, limit=int(raw_limit), **filters)
+    return JSONResponse({**found, "history": node.history.status() if node.history else None})
+
+
 async def status(request: Request) -> Response:
     if (refused := _operator(request)) is not None:
         return refused
@@ -96,6 +136,9 @@ async def status(request: Request) -> Response:
         **d.status_fields(connected_peers=len(connected),
                           connected_enabled_peers=sum(1 for r in connected if r.enabled)),
         "settings": settings.model_dump(),
+        # the store: which backend, and whether it answers (a node keeps routing without it)
+        "database": node.db.status(),
+        "history": node.history.status() if node.history is not None else {"enabled": False},
         "tailscaleAdminApiConfigured": bool(node.env.tailscale_oauth_client_id
                                             and node.env.tailscale_oauth_client_secret),
         "localNode": {
@@ -270,6 +313,7 @@ def build_router() -> APIRouter:
     router.add_api_route(P + "/settings", get_settings, methods=["GET"])
     router.add_api_route(P + "/settings", patch_settings, methods=["PATCH"])
     router.add_api_route(P + "/routing-log", routing_log, methods=["GET"])
+    router.add_api_route(P + "/routing-history", routing_history, methods=["GET"])
     router.add_api_route(P + "/status", status, methods=["GET"])
     router.add_api_route(P + "/plugins", plugins, methods=["GET"])
     router.add_api_route(P + "/pins", add_pin, methods=["POST"])

@@ -341,25 +341,42 @@ GATE_CPU_VS_ENGINE = 60.0
 GATE_PACED_THROUGHPUT = {16: 0.9, 64: 0.7}
 
 
+#: the bench's arm with routing history on: a second serving node, the same engine
+HISTORY_NODE = "bench-h"
+HISTORY_ARM = "hubpool-1hop-history"
+
+
 def judge_gate(report: Report, targets: dict[str, Target]) -> None:
-    """The CI gate's two checks, from ratios measured in this run."""
+    """The CI gate's checks, from ratios measured in this run: for the relay, and the same
+    bounds for the relay with routing history on when that arm ran (goal ids end -history)."""
     g = report.goals
-    hub1 = "hubpool-1hop"
-    if "nginx" in targets:
-        r = _cpu_ms_rounds(report, hub1, "nginx", "saturation-c64")
-        g.append(goal("gate-cpu", f"hubpool CPU per non-streamed request ≤ {GATE_CPU_VS_NGINX:g}× nginx's",
-                      f"{_fmt(r, '×', 1)} nginx's ({_fmt(_cpu_ms(report, hub1, ('saturation-c64',)), ' ms', 3)} vs "
-                      f"{_fmt(_cpu_ms(report, 'nginx', ('saturation-c64',)), ' ms', 3)})",
-                      _judge(None if r is None else r <= GATE_CPU_VS_NGINX)))
-    else:
-        r = _cpu_ms_rounds(report, hub1, "direct", "saturation-c64", engine_base=True)
-        g.append(goal("gate-cpu", f"hubpool CPU per non-streamed request ≤ {GATE_CPU_VS_ENGINE:g}× the stub engine's "
-                                  "(nginx not installed)",
-                      f"{_fmt(r, '×', 1)} the engine's", _judge(None if r is None else r <= GATE_CPU_VS_ENGINE)))
-    for c, bound in GATE_PACED_THROUGHPUT.items():
-        thr = _per_round(report, hub1, "direct", f"paced-c{c}", lambda a, b: a["rps"] / b["rps"])
-        g.append(goal(f"gate-paced-{c}", f"paced-stream throughput at {c} clients ≥ {bound:g} of direct",
-                      f"{_fmt(thr, '', 3)} of direct", _judge(None if thr is None else thr >= bound)))
+    for hub1, suffix in (("hubpool-1hop", ""), (HISTORY_ARM, "-history")):
+        if hub1 not in targets:
+            continue
+        label = "hubpool" if not suffix else "hubpool with routing history on"
+        if "nginx" in targets:
+            r = _cpu_ms_rounds(report, hub1, "nginx", "saturation-c64")
+            g.append(goal(f"gate-cpu{suffix}", f"{label}: CPU per non-streamed request ≤ {GATE_CPU_VS_NGINX:g}× "
+                                               "nginx's",
+                          f"{_fmt(r, '×', 1)} nginx's ({_fmt(_cpu_ms(report, hub1, ('saturation-c64',)), ' ms', 3)} "
+                          f"vs {_fmt(_cpu_ms(report, 'nginx', ('saturation-c64',)), ' ms', 3)})",
+                          _judge(None if r is None else r <= GATE_CPU_VS_NGINX)))
+        else:
+            r = _cpu_ms_rounds(report, hub1, "direct", "saturation-c64", engine_base=True)
+            g.append(goal(f"gate-cpu{suffix}", f"{label}: CPU per non-streamed request ≤ {GATE_CPU_VS_ENGINE:g}× "
+                                               "the stub engine's (nginx not installed)",
+                          f"{_fmt(r, '×', 1)} the engine's", _judge(None if r is None else r <= GATE_CPU_VS_ENGINE)))
+        for c, bound in GATE_PACED_THROUGHPUT.items():
+            thr = _per_round(report, hub1, "direct", f"paced-c{c}", lambda a, b: a["rps"] / b["rps"])
+            g.append(goal(f"gate-paced-{c}{suffix}", f"{label}: paced-stream throughput at {c} clients ≥ {bound:g} "
+                                                     "of direct",
+                          f"{_fmt(thr, '', 3)} of direct", _judge(None if thr is None else thr >= bound)))
+    if HISTORY_ARM in targets and "hubpool-1hop" in targets:
+        # reported beside the gate, not judged: one figure of a loaded two-core box is noise
+        ratio = _cpu_ms_rounds(report, HISTORY_ARM, "hubpool-1hop", "saturation-c64")
+        g.append(goal("history-cpu", "routing history on: CPU per non-streamed request against the same node "
+                                     "with it off (reported, not judged)", f"{_fmt(ratio, '×', 2)}", SKIP,
+                      "the median of the per-round ratios in this run"))
     failed = sum(r.result.get("failed", 0) for r in report.runs)
     g.append(goal("gate-errors", "every request answered 200", f"{failed} failed", _judge(failed == 0)))
 
@@ -511,8 +528,12 @@ def run_bench(*, quick: bool = False, gate: bool = False, rounds: int | None = N
         specs = {"bench-b": {engine_var: stub_url}}
         if two_hops:
             specs = {"bench-a": {}, **specs}
+        # the same serving node with routing history on (docs/history.md): the bench reports
+        # both, and the gate holds the history arm to the same bounds
+        specs[HISTORY_NODE] = {engine_var: stub_url, "HUB_POOL_HISTORY": "sqlite"}
         nodes = procs.start_nodes(started, specs, engine_vars)
         targets["hubpool-1hop"] = Target("hubpool-1hop", nodes["bench-b"].url, [nodes["bench-b"].proc.pid])
+        targets[HISTORY_ARM] = Target(HISTORY_ARM, nodes[HISTORY_NODE].url, [nodes[HISTORY_NODE].proc.pid])
         report.extra["rssAtStartMb"] = procs.rss_mb(nodes["bench-b"].proc.pid)
         if two_hops:
             progress("pairing the entry node with the serving node")

@@ -74,10 +74,14 @@ def serve(
 ) -> None:
     """Run this machine's node in the foreground (logs go to stderr)."""
     from hubpool_core.node.server import run_node
+    from hubpool_core.store.db import SchemaTooNew
 
     if listen:
         os.environ["HUB_POOL_LISTEN"] = listen
-    run_node(EnvSettings(), log_level=log_level)
+    try:
+        run_node(EnvSettings(), log_level=log_level)
+    except SchemaTooNew as exc:  # a downgrade: said in a sentence, not a traceback
+        _fail(str(exc))
 
 
 @app.command()

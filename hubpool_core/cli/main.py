@@ -64,7 +64,13 @@ def main() -> None:
 
     if options.get("--listen"):
         os.environ["HUB_POOL_LISTEN"] = options["--listen"]
-    run_node(EnvSettings(), log_level=options.get("--log-level", "info"))
+    from hubpool_core.store.db import SchemaTooNew
+
+    try:
+        run_node(EnvSettings(), log_level=options.get("--log-level", "info"))
+    except SchemaTooNew as exc:  # a downgrade: said in a sentence, not a traceback
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 def _without_docstrings() -> None:

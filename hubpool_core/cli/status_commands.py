@@ -61,6 +61,31 @@ def pooling_text(status: dict[str, Any]) -> str:
     return text
 
 
+def _store_lines(s: dict[str, Any]) -> list[str]:
+    """The database (docs/postgres.md) and the routing history (docs/history.md), when the node says."""
+    lines = []
+    db = s.get("database")
+    if db:
+        where = f"{db.get('backend')} at {db.get('url')}"
+        if db.get("available"):
+            lines.append(labelled("Database", f"{where} — answering"))
+        else:
+            lines.append(labelled("Database", f"{where} — UNREACHABLE since {when(db.get('downSince'))} "
+                                              f"({db.get('error') or 'no answer'}); routing goes on from memory, "
+                                              "changes wait for it"))
+    history = s.get("history")
+    if history:
+        if not history.get("enabled"):
+            lines.append(labelled("History", "off (HUB_POOL_HISTORY=sqlite keeps routing decisions across restarts)"))
+        else:
+            text = (f"on — {history.get('written', 0)} rows written, kept {history.get('retentionDays')} days, "
+                    f"batches every {history.get('flushMs')} ms")
+            if history.get("error"):
+                text += f"; {history.get('backlog', 0)} waiting: {history['error']}"
+            lines.append(labelled("History", text))
+    return lines
+
+
 def _status_lines(s: dict[str, Any]) -> list[str]:
     lines = [labelled("Pooling", pooling_text(s))]
     for name, (_, _, meaning) in DIRECTIONS.items():
@@ -83,6 +108,7 @@ def _status_lines(s: dict[str, Any]) -> list[str]:
                                       f"localAffinity={flag(st.get('poolLocalAffinity'))} · "
                                       f"healthPoll={flag(st.get('poolHealthPollSeconds'))}s"))
     lines.append(labelled("Routing log", counts_line(s.get("routing") or {})))
+    lines += _store_lines(s)
     lines += [""] + _this_node(s) + [""] + _pins(s) + [""] + _peers(s)
     for block in (load_lines(s.get("localNode"), s.get("peers") or []), _context_caps(s), _measured_speed(s),
                   _residency(s)):

@@ -37,7 +37,10 @@ from hubpool_core.signals.local_engines import WHOLE_PROBE_MS, LocalEngines, bui
 from hubpool_core.signals.pressure_sampler import PressureSampler
 from hubpool_core.signals.residency import ResidencySampler
 from hubpool_core.store import Database
+from hubpool_core.store.db import UNREACHABLE, redacted
+from hubpool_core.store.history import DEFAULT_RETENTION_DAYS, HistoryStore
 from hubpool_core.telemetry import tracing
+from hubpool_core.telemetry.history import DEFAULT_FLUSH_S, HistoryRecorder
 from hubpool_core.telemetry.routing_log import DEFAULT_CAPACITY, MAX_CAPACITY, RoutingLog, now_iso
 
 #: a development switch so several nodes can pair by address on one machine; off by default
@@ -58,13 +61,35 @@ def _instances(classes: Iterable[type], arg: Any, what: str) -> list[Any]:
     return out
 
 
+def _retention_days(raw: str | None) -> float:
+    """HUB_POOL_HISTORY_RETENTION_DAYS: a positive number of days (fractions allowed); a bad
+    value is said in the log and the default kept."""
+    if raw is None or not raw.strip():
+        return DEFAULT_RETENTION_DAYS
+    try:
+        days = float(raw)
+    except ValueError:
+        days = -1.0
+    if not 0 < days <= 36_500:
+        log.warning("HUB_POOL_HISTORY_RETENTION_DAYS=%r is not a number of days from 0 to 36500; keeping %d",
+                    raw, DEFAULT_RETENTION_DAYS)
+        return DEFAULT_RETENTION_DAYS
+    return days
+
+
 class Node:
     def __init__(self, env: EnvSettings, extra_plugins: Iterable[tuple[str, Any]] = ()):
         self.env = env
         env.data_dir.mkdir(parents=True, exist_ok=True)
         self.settings = SettingsStore(env.data_dir / "settings.json")
         self.db = Database(env.resolved_database_url())
-        self.db.migrate()
+        try:
+            self.db.migrate()
+        except UNREACHABLE as exc:
+            # a node whose database is down at start still serves its own engines; the health
+            # tick keeps trying, migrates and loads identity and peers once it answers
+            self.db.migration_pending = True
+            self.db.mark_down(exc)
         self.keys = KeyStore(self.db, env.data_dir, env.operator_key)
         self.plugins: PluginHost = load_plugins(
             env.disabled_plugin_names, self.settings.current.pluginsDisabled, extra_plugins
@@ -84,6 +109,10 @@ class Node:
         self.stages = _instances(self.plugins.stages, self, "placement stage")
         size = env_int(env.routing_log_size, minimum=0) or DEFAULT_CAPACITY
         self.routing_log = RoutingLog(max(DEFAULT_CAPACITY, min(MAX_CAPACITY, size)))
+        #: the routing history (HUB_POOL_HISTORY, docs/history.md): None when off
+        self.history: HistoryRecorder | None = None
+        self.history_store: HistoryStore | None = None
+        self._open_history(env)
         floor = env_int(env.dev_first_byte_floor_ms, minimum=100, maximum=15_000) or 15_000
         connect = max(floor, env_int(env.first_byte_timeout_ms, minimum=1) or 300_000)
         self.budgets = Budgets(
@@ -129,8 +158,41 @@ class Node:
         #: OpenTelemetry traces (hubpool_core/telemetry/tracing.py): None unless OTEL_TRACES_EXPORTER asks
         self.tracer: tracing.NodeTracer | None = None
 
+    def _open_history(self, env: EnvSettings) -> None:
+        url = env.resolved_history_url()
+        if url is None:
+            return
+        db = self.db if url == self.db.url else Database(url)
+        if db is not self.db:
+            try:
+                db.migrate()
+            except UNREACHABLE as exc:  # written (and migrated) once it answers; the ring is unaffected
+                db.migration_pending = True
+                db.mark_down(exc)
+        days = _retention_days(env.history_retention_days)
+        flush_ms = env_int(env.history_flush_ms, minimum=50, maximum=60_000) or int(DEFAULT_FLUSH_S * 1000)
+        self.history_store = HistoryStore(db)
+        self.history = HistoryRecorder(self.routing_log, self.history_store, flush_s=flush_ms / 1000,
+                                       retention_days=days)
+        log.info("routing history on: %s, batches every %d ms, kept %g days", redacted(url), flush_ms, days)
+
     def housekeeping(self) -> None:
         """What rides every health tick besides the probes (sync: it only touches the store)."""
+        if not self.db.available or self.db.migration_pending:
+            # lost (or never had) the database: one probe a tick; the store work below waits
+            # for it, while routing goes on with the peers held in memory
+            if not self.db.probe():
+                self.pairing_pin.sweep(int(time.time() * 1000))
+                self.nonces.sweep()
+                return
+            self.peers.reload()
+            self.identity.retry_now()
+        try:
+            self._store_housekeeping()
+        except UNREACHABLE as exc:
+            self.db.mark_down(exc)
+
+    def _store_housekeeping(self) -> None:
         now_ms = int(time.time() * 1000)
         for name in self.peers.expire_pending():
             log.info("pairing request with %s expired after 24 hours", name)
@@ -239,6 +301,8 @@ class Node:
         self.pressure.start()
         self.containers.start()
         self.heap.start()
+        if self.history is not None:
+            self.history.start()
         self.tracer = await tracing.for_node(self)
 
     async def stop(self) -> None:
@@ -255,4 +319,8 @@ class Node:
         await self.local.close()
         if self.tracer is not None:  # flushes the spans still batched
             await self.tracer.shutdown()
+        if self.history is not None:  # what settled since the last batch
+            await self.history.stop()
+            if self.history_store is not None and self.history_store.db is not self.db:
+                self.history_store.db.dispose()
         self.db.dispose()

@@ -117,6 +117,8 @@ def run_node(env: EnvSettings, log_level: str = "info") -> None:
     # a schema behind is migrated in a child, so alembic is never resident in the node (G7);
     # the node's own migrate() then finds it current (or, if the child failed, runs it itself)
     migrate_apart(env.resolved_database_url())
+    if (history_url := env.resolved_history_url()) is not None and history_url != env.resolved_database_url():
+        migrate_apart(history_url)
     node = Node(env)
     logging.getLogger("hubpool").info("node listening on %s (data in %s)", env.base_url, env.data_dir)
     uvicorn.Server(make_config(env, node, log_level)).run()

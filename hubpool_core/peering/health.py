@@ -25,6 +25,7 @@ from hubpool_core.peering.peers import aware, iso, utcnow
 from hubpool_core.peering.signing import REFUSAL_HEADER, REFUSAL_IDENTITY_MISMATCH
 from hubpool_core.periodic import Periodic
 from hubpool_core.store import PoolPeer
+from hubpool_core.store.db import UNREACHABLE as DB_UNREACHABLE
 
 log = logging.getLogger("hubpool.health")
 
@@ -184,18 +185,23 @@ class HealthPoller:
         except (ValueError, RecursionError):  # a peer's nesting bomb is "not JSON", not a dead tick
             detail = "answered something that is not JSON"
         caps = valid_capabilities(data) if status == 200 else None
-        if caps is not None:
-            await self._succeeded(row, caps)
-            return
-        kind = classify(status, refusal)
-        identity = self.node.identity.get()
-        if (no_credential or status in (401, 403)) and identity is not None and identity.signing_key is None:
-            # nothing could be presented, or what was presented was refused, while this node's own
-            # key is unusable: the fault is here, and only rotation clears it
-            kind = "own_identity"
-            detail = f"{detail}; this node cannot sign: {self.node.identity.error or 'no pool identity'}"
-        self._failed(row, status, kind, detail if status != 200 else "invalid capabilities payload",
-                     engine_marked, action_for(kind, row.node_fqdn, await self.node.tailnet.self_fqdn()))
+        try:
+            if caps is not None:
+                await self._succeeded(row, caps)
+                return
+            kind = classify(status, refusal)
+            identity = self.node.identity.get()
+            if (no_credential or status in (401, 403)) and identity is not None and identity.signing_key is None:
+                # nothing could be presented, or what was presented was refused, while this node's own
+                # key is unusable: the fault is here, and only rotation clears it
+                kind = "own_identity"
+                detail = f"{detail}; this node cannot sign: {self.node.identity.error or 'no pool identity'}"
+            self._failed(row, status, kind, detail if status != 200 else "invalid capabilities payload",
+                         engine_marked, action_for(kind, row.node_fqdn, await self.node.tailnet.self_fqdn()))
+        except DB_UNREACHABLE:
+            # the database is down (the repo marked it; /status says so): the probe's answer
+            # is not recorded, and routing keeps the row it holds in memory until it is back
+            log.debug("probe of %s not recorded: the database is unreachable", row.node_fqdn)
 
     async def _succeeded(self, row: PoolPeer, caps: dict[str, Any]) -> None:
         if row.id in self.failures:

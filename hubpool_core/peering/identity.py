@@ -194,6 +194,11 @@ class IdentityStore:
             self._retry_at = None
             return self._cached
 
+    def retry_now(self) -> None:
+        """The database came back: the next :meth:`get` tries at once, not after the retry window."""
+        with self._lock:
+            self._retry_at = None
+
     def can_sign(self) -> bool:
         """True when :meth:`get` yields a keypair with a usable private key."""
         identity = self.get()

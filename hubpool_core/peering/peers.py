@@ -20,6 +20,7 @@ from sqlalchemy import Connection, delete, func, insert, select, update
 
 from hubpool_core.peering.signing import public_key_fingerprint
 from hubpool_core.store import Database, PoolPeer, peer_table
+from hubpool_core.store.db import UNREACHABLE
 from hubpool_core.store.models import from_row, values_of
 
 PENDING_REQUEST_TTL_S = 24 * 3600
@@ -119,16 +120,31 @@ class PeerRepo:
         #: bumped before and after every write: a read that raced a write (housekeeping
         #: writes from a thread) is not kept
         self._generation = 0
+        #: the rows as last read from the database: what routing uses while the database is
+        #: down (a failed write drops ``_all`` but never this)
+        self._last_read: list[PoolPeer] = []
 
     def all(self) -> list[PoolPeer]:
         cached = self._all
         if cached is None:
+            if not self.db.available:  # the health tick's probe brings it back (Node.housekeeping)
+                return list(self._last_read)
             generation = self._generation
-            with self.db.engine.connect() as conn:
-                cached = [from_row(PoolPeer, r) for r in conn.execute(_SELECT.order_by(peer_table.c.node_fqdn))]
+            try:
+                with self.db.engine.connect() as conn:
+                    cached = [from_row(PoolPeer, r) for r in conn.execute(_SELECT.order_by(peer_table.c.node_fqdn))]
+            except UNREACHABLE as exc:
+                self.db.mark_down(exc)
+                return list(self._last_read)
+            self._last_read = cached
             if generation == self._generation:
                 self._all = cached
         return list(cached)
+
+    def reload(self) -> None:
+        """Read every row again on the next :meth:`all` (the database came back)."""
+        self._generation += 1
+        self._all = None
 
     @contextmanager
     def _writing(self) -> Iterator[None]:
@@ -136,15 +152,22 @@ class PeerRepo:
         self._all = None
         try:
             yield
+        except UNREACHABLE as exc:  # nothing was written (one transaction); said in /status
+            self.db.mark_down(exc)
+            raise
         finally:
             self._generation += 1
             self._all = None
 
     def by_id(self, peer_id: str) -> PoolPeer | None:
+        if not self.db.available:  # from memory: a routed request naming a peer still works
+            return next((r for r in self.all() if r.id == peer_id), None)
         with self.db.engine.connect() as conn:
             return _one(conn, peer_table.c.id == peer_id)
 
     def by_fqdn(self, fqdn: str) -> PoolPeer | None:
+        if not self.db.available:
+            return next((r for r in self.all() if r.node_fqdn == fqdn), None)
         with self.db.engine.connect() as conn:
             return _one(conn, peer_table.c.node_fqdn == fqdn)
 
@@ -195,6 +218,14 @@ class PeerRepo:
             if done.rowcount == 0:
                 return None
             return _one(conn, peer_table.c.id == peer_id)
+
+    def try_update(self, peer_id: str, **changes: Any) -> PoolPeer | None:
+        """:meth:`update` for the request path: with the database down nothing is written
+        (the repo marks it down) and the caller goes on; the health tick catches up."""
+        try:
+            return self.update(peer_id, **changes)
+        except UNREACHABLE:
+            return None
 
     def delete(self, peer_id: str) -> bool:
         with self._writing(), self.db.engine.begin() as conn:

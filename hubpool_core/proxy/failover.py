@@ -49,7 +49,7 @@ def fails_over(node: Any, plan: RelayPlan, cand: Candidate, upstream: aiohttp.Cl
         return not last  # from the last candidate it goes back as the engine's answer
     if status in (401, 403, 404) and not marked:
         # the peer's own pairing checks: it stopped trusting us; drop what it offered
-        node.peers.update(cand.peer_id, last_capabilities=None)
+        node.peers.try_update(cand.peer_id, last_capabilities=None)
         log.warning("%s refused this node (%s): its cached capabilities are dropped until it answers a "
                     "health poll", cand.node, status)
     return True

@@ -7,14 +7,42 @@ import logging
 import os
 import subprocess
 import sys
+import time
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine as SqlEngine
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, InterfaceError, OperationalError
 
 log = logging.getLogger("hubpool.store")
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+
+#: what a database that cannot be reached raises (a refused or dropped connection, a server
+#: shutting down); anything else is a bug or bad data, not an outage
+UNREACHABLE = (OperationalError, InterfaceError)
+
+#: how long to wait for a PostgreSQL connection: a server that is gone must not hold a request
+#: (or the health tick) longer than this
+CONNECT_TIMEOUT_S = 3
+
+
+def redacted(url: str) -> str:
+    """The URL with any password masked, for logs and /status."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "(unparseable database URL)"
+
+
+def describe(exc: BaseException) -> str:
+    """One line an operator can read: the driver's first line, not SQLAlchemy's background link."""
+    inner = getattr(exc, "orig", None) or exc
+    first = (str(inner).strip().splitlines() or [type(inner).__name__])[0]
+    return f"{type(inner).__name__}: {first}"[:300]
 
 
 class Database:
@@ -22,20 +50,84 @@ class Database:
 
     def __init__(self, url: str):
         self.url = url
-        kwargs = {}
+        kwargs: dict[str, Any] = {}
         if url.startswith("sqlite"):
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
+        elif url.startswith("postgresql"):
+            # a pooled connection the server dropped (a restart) is found and replaced before
+            # use, and a server that is gone fails a connect in seconds, not minutes
+            kwargs["pool_pre_ping"] = True
+            kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
         self.engine: SqlEngine = create_engine(url, future=True, **kwargs)
         if url.startswith("sqlite"):
             event.listen(self.engine, "connect", _sqlite_pragmas)
+        #: wall-clock time the database stopped answering, None while it answers
+        self.down_since: float | None = None
+        self.last_error: str | None = None
+        #: the schema has not been brought up to date yet (the database was down at start)
+        self.migration_pending = False
+
+    # -- reachability: what a node does while its database is down ---------------------------
+
+    @property
+    def available(self) -> bool:
+        """False from the first failed connection until a probe (the health tick, in a
+        thread) reaches the database again: the request path never waits on a dead server
+        meanwhile, it reads what the node holds in memory."""
+        return self.down_since is None
+
+    def mark_down(self, exc: BaseException) -> None:
+        first = self.down_since is None
+        self.last_error = describe(exc)
+        if first:
+            self.down_since = time.time()
+            log.error("database unreachable at %s (%s): routing goes on with the peers held in memory; "
+                      "changes that need the database answer 503 database_unavailable until it is back",
+                      redacted(self.url), self.last_error)
+
+    def mark_up(self) -> None:
+        if self.down_since is not None:
+            log.warning("database reachable again at %s after %.0f s", redacted(self.url),
+                        time.time() - self.down_since)
+        self.down_since = None
+        self.last_error = None
+
+    def probe(self) -> bool:
+        """One round trip (and the migration a down-at-start node still owes); records the
+        answer. True when the database answers."""
+        try:
+            with self.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+            if self.migration_pending:
+                self.migrate()
+                self.migration_pending = False
+        except UNREACHABLE as exc:
+            self.mark_down(exc)
+            return False
+        self.mark_up()
+        return True
+
+    def status(self) -> dict[str, Any]:
+        """The /status view: which backend, where, and whether it answers."""
+        return {
+            "backend": self.engine.dialect.name,
+            "url": redacted(self.url),
+            "available": self.available,
+            "downSince": (datetime.fromtimestamp(self.down_since, UTC).isoformat().replace("+00:00", "Z")
+                          if self.down_since is not None else None),
+            "error": self.last_error,
+            "migrationPending": self.migration_pending,
+        }
 
     def migrate(self) -> None:
         """Bring the schema to the newest revision (alembic upgrade head).
 
         alembic (about 10 MB resident once imported, with mako) is loaded only when the schema
         is behind: a plain query of alembic_version against the newest revision file decides."""
-        if self.current_revision() == head_revision():
+        current = self.current_revision()
+        if current == head_revision():
             return
+        refuse_newer_schema(current, self.url)
         from alembic import command
         from alembic.config import Config
 
@@ -81,8 +173,11 @@ def migrate_apart(url: str, timeout_s: float = 300) -> bool:
         return False
     db = Database(url)
     try:
-        if db.current_revision() == head_revision():
+        current = db.current_revision()
+        if current == head_revision():
             return True
+        if current is not None and current not in known_revisions():
+            return False  # a newer schema: the node's own migrate() refuses it with the reason
     finally:
         db.dispose()
     env = dict(os.environ, HUB_POOL_MIGRATE_URL=url)
@@ -99,11 +194,30 @@ def migrate_apart(url: str, timeout_s: float = 300) -> bool:
     return True
 
 
-def head_revision() -> str | None:
-    """The newest revision among the migration files: the one no other revision follows.
+class SchemaTooNew(RuntimeError):
+    """The database was migrated by a newer hubpool than this one: a downgrade, refused."""
 
-    Read from each file's `revision` / `down_revision` assignments without importing alembic;
-    None when that is not one clear head (alembic then decides)."""
+
+def refuse_newer_schema(current: str | None, url: str) -> None:
+    """Raise :class:`SchemaTooNew` when ``current`` is a revision this release does not know.
+
+    Going back a release must not touch a schema a newer one wrote (its tables may hold what
+    this one cannot read, and alembic cannot downgrade from a revision it has no file for)."""
+    if current is None or current in known_revisions():
+        return
+    raise SchemaTooNew(
+        f"The database at {redacted(url)} is at schema revision {current}, written by a newer hubpool than "
+        f"this one (which knows revisions up to {head_revision()}). hubpool never downgrades a schema: "
+        "install the newer release again, or point HUB_POOL_DATABASE_URL (or HUB_POOL_HISTORY) at a "
+        "database of this release's own (docs/upgrades.md).")
+
+
+def known_revisions() -> set[str]:
+    """Every revision among this release's migration files."""
+    return set(_revision_graph() or {})
+
+
+def _revision_graph() -> dict[str, object] | None:
     revisions: dict[str, object] = {}
     for path in (MIGRATIONS / "versions").glob("*.py"):
         values: dict[str, object] = {}
@@ -116,6 +230,17 @@ def head_revision() -> str | None:
                     return None
         if isinstance(revision := values.get("revision"), str):
             revisions[revision] = values.get("down_revision")
+    return revisions
+
+
+def head_revision() -> str | None:
+    """The newest revision among the migration files: the one no other revision follows.
+
+    Read from each file's `revision` / `down_revision` assignments without importing alembic;
+    None when that is not one clear head (alembic then decides)."""
+    revisions = _revision_graph()
+    if revisions is None:
+        return None
     followed: set[object] = set()
     for down in revisions.values():
         followed.update(down if isinstance(down, (tuple, list)) else [down])

@@ -99,6 +99,27 @@ api_key_table = Table(
 )
 
 
+history_table = Table(
+    "hub_pool_routing_history",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("request_id", String(64), nullable=False),
+    Column("boot_id", String(36), nullable=False),  # which process of the node recorded it
+    Column("at", DateTime(timezone=True), nullable=False),
+    Column("direction", String(10), nullable=False),
+    Column("path", String(200), nullable=True),
+    Column("model", String(300), nullable=True),
+    Column("node", String(300), nullable=True),
+    Column("outcome", String(20), nullable=False),
+    Column("status", Integer, nullable=True),
+    # the routing-log row exactly as the ring held it when it settled (metadata only, by the
+    # ring's own contract); the columns above are copies for filtering
+    Column("row", JSON, nullable=False),
+    Index("hub_pool_routing_history_at_idx", "at"),
+    Index("hub_pool_routing_history_request_idx", "request_id"),
+)
+
+
 # The row classes: keyword-only, with the defaults the columns have. eq=False keeps identity
 # comparison and hashing (rows go into sets and dict keys); repr=False keeps sealed tokens and
 # keys out of any log line that prints a row.
