@@ -96,6 +96,13 @@ class HistoryStore:
                                 .limit(max(1, min(limit, MAX_PAGE)))).scalars().all()
         return {"entries": list(rows), "matched": matched}
 
+    def rows_since(self, since: datetime) -> list[dict[str, Any]]:
+        """Every row at or after ``since``, oldest first, as the ring held it (the charts' day)."""
+        t = history_table
+        with self.db.engine.connect() as conn:
+            return list(conn.execute(select(t.c.row).where(t.c.at >= _aware(since))
+                                     .order_by(t.c.at, t.c.seq)).scalars().all())
+
     def prune(self, retention_days: float, now: datetime | None = None) -> int:
         """Delete rows older than the retention; returns how many went."""
         cutoff = (now or datetime.now(UTC)) - timedelta(days=retention_days)

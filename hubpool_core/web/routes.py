@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import time
@@ -194,9 +195,9 @@ async def routing_log_charts(request: Request) -> Response:
     """The Hub Pool page's charts: per-minute series folded from routing-log rows.
 
     ``window=hour`` (the default) reads the in-memory ring. ``window=day``, or ``source=history``,
-    reads the persisted routing history: the node offers it as ``node.routing_history``, an object
-    with ``rows_since(datetime) -> iterable of rows`` in the ring's wire shape. Until a node has
-    one, the answer is 409 saying how to turn it on; the page then offers the last hour only."""
+    reads the persisted routing history (``node.history_store``, on with HUB_POOL_HISTORY), whose
+    ``rows_since(datetime)`` answers rows in the ring's wire shape. With the history off the
+    answer is 409 saying how to turn it on; the page then offers the last hour only."""
     node = request.app.state.node
     refused = operator_refusal(request.method, request.url.path, dict(request.headers.items()), node.keys)
     if isinstance(refused, tuple):
@@ -208,13 +209,19 @@ async def routing_log_charts(request: Request) -> Response:
     if source not in ("ring", "history"):
         return JSONResponse({"error": "source must be ring or history"}, status_code=400)
     now = time.time()
-    history = getattr(node, "routing_history", None)
+    history = getattr(node, "history_store", None)
     if source == "history":
-        if history is None or not hasattr(history, "rows_since"):
+        if history is None:
             return JSONResponse({"error": "the routing history is off on this node, so only the last hour (from "
                                           "the in-memory routing log) can be charted; turn it on with "
                                           "HUB_POOL_HISTORY", "historyAvailable": False}, status_code=409)
-        rows = history.rows_since(datetime.fromtimestamp(window_bounds(now, window)[0], UTC))
+        since = datetime.fromtimestamp(window_bounds(now, window)[0], UTC)
+        try:  # a day of rows is a real query: off the event loop
+            rows = await asyncio.to_thread(history.rows_since, since)
+        except Exception as exc:  # noqa: BLE001 - a down history database is the operator's to see, not a 500
+            return JSONResponse({"error": f"the routing history could not be read ({type(exc).__name__}); the "
+                                          "last hour from the in-memory routing log still charts",
+                                 "historyAvailable": True}, status_code=503)
     else:
         rows = node.routing_log.entries()
     data = chart_series(rows, now, window)
