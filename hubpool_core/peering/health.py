@@ -9,6 +9,7 @@ protocol.md §3 state machine and §8.9–8.10.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -155,7 +156,7 @@ class HealthPoller:
                 continue
             task = asyncio.ensure_future(self.probe(row))
             self._probes[row.id] = task
-            task.add_done_callback(lambda t, pid=row.id: self._probe_done(pid, t))
+            task.add_done_callback(functools.partial(self._probe_done, row.id))
 
     def _probe_done(self, peer_id: str, task: asyncio.Task) -> None:
         if self._probes.get(peer_id) is task:
