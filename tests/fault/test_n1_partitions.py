@@ -166,6 +166,8 @@ class Run:
         out = {"requests": len(ops), "failedOver": len(failed_over),
                "maxFailoverHeadersS": round(max((op.headers_at - op.invoked for op in failed_over), default=0), 2),
                "servedByPeer": sum(op.served_by != "local" for op in ops), "reconciled": rec.matched,
+               # answers a fault caught after their headers: TCP carried them on after the heal
+               "streamsStalledOver1s": sum(op.completed - op.headers_at > 1.0 for op in ops),
                "inboundRowsChecked": rec.inbound_checked, **figures}
         report(name, out)
         return out
