@@ -28,7 +28,9 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import uuid
@@ -66,12 +68,32 @@ def unavailable() -> str | None:
     return None
 
 
+def sweep_stale() -> None:
+    """Remove what a killed run left behind (its finalizers never ran): namespaces named
+    ``hp<pid>-<node>`` whose pid is gone, the processes still inside them, their hosts files and
+    bridge. Only this module makes names of that shape."""
+    listing = ip("netns", "list", check=False).stdout
+    for line in listing.splitlines():
+        ns = line.split()[0] if line.split() else ""
+        m = re.fullmatch(r"hp(\d+)-[a-z0-9-]+", ns)
+        if m is None or Path(f"/proc/{m.group(1)}").exists():
+            continue
+        for pid in ip("netns", "pids", ns, check=False).stdout.split():
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+        ip("netns", "del", ns, check=False)
+        shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)
+        ip("link", "del", f"hpb{m.group(1)}", check=False)
+
+
 class Netns:
     """The bridge, one namespace per name, and the drop rules in force."""
 
     def __init__(self, names: list[str]):
         pid = os.getpid()
-        self.tag = str(pid % 100000)
+        self.tag = str(pid)  # the owner's pid: sweep_stale knows a dead run's leftovers by it
         self.prefix = f"100.{80 + pid % 40}.{(pid // 40) % 250}"
         self.bridge = f"hpb{self.tag}"
         self.names = names
@@ -84,6 +106,7 @@ class Netns:
     # -- lifecycle ------------------------------------------------------------------------
 
     def create(self) -> Netns:
+        sweep_stale()
         ip("link", "add", self.bridge, "type", "bridge")
         self._made.append("bridge")
         ip("addr", "add", f"{self.gateway}/24", "dev", self.bridge)

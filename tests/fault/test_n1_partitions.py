@@ -342,3 +342,33 @@ def test_n1_a_node_whose_address_changes(rig, report):
     assert back_s <= CONVERGE_S + 2 * BUDGET_MS / 1000, back_s
     run.check("N1-address-change", report, {"from": old, "to": new, "movedToConvergedS": round(converged, 2),
                                              "movedToForwardedAgainS": round(back_s, 2)})
+
+
+def test_n1_a_killed_runs_leftovers_are_swept():
+    """A run killed before its finalizers (CI's timeout, a ^C twice) leaves its namespaces, the
+    processes inside and its bridge: the next rig removes them before it builds its own."""
+    import subprocess
+
+    from netns import NETNS_ETC, ip, sweep_stale
+
+    dead = 9999999  # above any pid Linux hands out (PID_MAX_LIMIT is 4194304): never alive
+    ns = f"hp{dead}-hub-z"
+    ip("netns", "add", ns)
+    ip("link", "add", f"hpb{dead}", "type", "bridge")
+    (NETNS_ETC / ns).mkdir(parents=True, exist_ok=True)
+    sleeper = subprocess.Popen(["ip", "netns", "exec", ns, "sleep", "60"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not ip("netns", "pids", ns, check=False).stdout.split():
+            assert time.monotonic() < deadline, "the sleeper never entered its namespace"
+            time.sleep(0.02)
+        sweep_stale()
+        assert sleeper.wait(10) == -9
+        assert ns not in ip("netns", "list").stdout
+        assert ip("link", "show", f"hpb{dead}", check=False).returncode != 0
+        assert not (NETNS_ETC / ns).exists()
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+        ip("netns", "del", ns, check=False)
+        ip("link", "del", f"hpb{dead}", check=False)
