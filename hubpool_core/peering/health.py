@@ -34,8 +34,17 @@ UNREACHABLE_THRESHOLD = 3
 MAX_BACKOFF_S = 15 * 60
 P = "/api/inference/pool"
 
+#: What the operator does about each kind. ``<peer>`` is the peer's name and ``<this node>`` this
+#: node's, both filled in when the failure is recorded, so every reader (status, doctor, the web
+#: UI) shows a command that can be pasted as it stands.
 ACTIONS = {
     "unreachable": None,  # clears on its own
+    # this node's own key cannot be used (its node.secret lost, say): nothing the peer does and no
+    # waiting fixes it; rotation is the one recovery (spec "Failure modes")
+    "own_identity": "This node's own pool key cannot be used, so no peer can be reached with it: run "
+                    "`hubpool rotate-identity` here (it keeps the node UUID, seals a new key under the current "
+                    "node.secret and unpairs every peer), then `hubpool unpair <this node>` on <peer> if it still "
+                    "lists this node, and pair again with a PIN.",
     "unauthorized": "The peer refuses this node's credentials: run `hubpool status` on it. If this node is not "
                     "listed there, re-pair (`hubpool unpair <peer>`, then pair again with a PIN); if it is, "
                     "compare the two clocks (signed requests allow 5 minutes of skew).",
@@ -45,15 +54,24 @@ ACTIONS = {
 }
 
 
+def action_for(kind: str, peer: str, this_node: str | None) -> str | None:
+    """The ``action`` text for a probe failure of ``kind``, with the names filled in."""
+    text = ACTIONS[kind]
+    if text is None:
+        return None
+    return text.replace("<peer>", peer).replace("<this node>", this_node or "<this node's tailnet name>")
+
+
 @dataclass
 class ProbeFailure:
-    kind: str  # unreachable | unauthorized | identity_changed
+    kind: str  # unreachable | unauthorized | identity_changed | own_identity
     http_status: int | None
     detail: str
     since: float
     last_attempt_at: float
     attempts: int
     next_probe_at: float | None
+    action: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         def at(t: float | None) -> str | None:
@@ -61,7 +79,7 @@ class ProbeFailure:
 
         return {"kind": self.kind, "httpStatus": self.http_status, "detail": self.detail, "since": at(self.since),
                 "lastAttemptAt": at(self.last_attempt_at), "attempts": self.attempts,
-                "nextProbeAt": at(self.next_probe_at), "action": ACTIONS[self.kind]}
+                "nextProbeAt": at(self.next_probe_at), "action": self.action}
 
 
 def classify(status: int | None, refusal: str | None) -> str:
@@ -192,6 +210,7 @@ class HealthPoller:
             return
         status, refusal, data, detail, engine_marked = None, None, None, "", False
         budget = self.probe_timeout_s
+        no_credential = False
         try:
             # httpx's timeout is per phase; the budget is for the whole probe
             async with asyncio.timeout(budget):
@@ -201,7 +220,7 @@ class HealthPoller:
             data = answer.json() if status == 200 else None
             detail = f"HTTP {status}"
         except PeerAuthError as exc:
-            detail = str(exc)
+            detail, no_credential = str(exc), True
         except httpx.HTTPError as exc:
             detail = f"fetch failed ({type(exc).__name__})"
         except TimeoutError:
@@ -211,9 +230,16 @@ class HealthPoller:
         caps = valid_capabilities(data) if status == 200 else None
         if caps is not None:
             await self._succeeded(row, caps)
-        else:
-            self._failed(row, status, refusal, detail if status != 200 else "invalid capabilities payload",
-                         engine_marked)
+            return
+        kind = classify(status, refusal)
+        identity = self.node.identity.get()
+        if (no_credential or status in (401, 403)) and identity is not None and identity.signing_key is None:
+            # nothing could be presented, or what was presented was refused, while this node's own
+            # key is unusable: the fault is here, and only rotation clears it
+            kind = "own_identity"
+            detail = f"{detail}; this node cannot sign: {self.node.identity.error or 'no pool identity'}"
+        self._failed(row, status, kind, detail if status != 200 else "invalid capabilities payload",
+                     engine_marked, action_for(kind, row.node_fqdn, await self.node.tailnet.self_fqdn()))
 
     async def _succeeded(self, row: PoolPeer, caps: dict[str, Any]) -> None:
         if row.id in self.failures:
@@ -225,17 +251,16 @@ class HealthPoller:
         if row is not None:
             await self.reconcile(row, caps)
 
-    def _failed(self, row: PoolPeer, status: int | None, refusal: str | None, detail: str,
-                engine_marked: bool) -> None:
+    def _failed(self, row: PoolPeer, status: int | None, kind: str, detail: str,
+                engine_marked: bool, action: str | None) -> None:
         now = time.time()
-        kind = classify(status, refusal)
         prev = self.failures.get(row.id)
         attempts = (prev.attempts + 1) if prev and prev.kind == kind else 1
         next_at = None
-        if kind != "unreachable":  # refusals back off from two polls to at most 15 minutes
+        if kind in ("unauthorized", "identity_changed"):  # refusals back off from two polls to at most 15 minutes
             next_at = now + min(MAX_BACKOFF_S, self.poll_s * 2 ** min(attempts, 20))
-        self.failures[row.id] = ProbeFailure(kind, status, detail[:200], prev.since if prev and prev.kind == kind
-                                             else now, now, attempts, next_at)
+        self.failures[row.id] = ProbeFailure(kind, status, detail[:300], prev.since if prev and prev.kind == kind
+                                             else now, now, attempts, next_at, action)
         strikes = row.consecutive_failures + 1
         changes: dict[str, Any] = {"consecutive_failures": strikes}
         if strikes >= UNREACHABLE_THRESHOLD or kind == "identity_changed":

@@ -47,7 +47,7 @@ FAILOVER_SLACK_S = 1.5
 #: "within three polls": three intervals, plus what reading four nodes' views takes
 CONVERGE_S = 3 * POLL_S + 0.5
 ROUTES = ("/api/chat", "/v1/chat/completions")
-REFUSALS = re.compile(r"refused a signed request|probe of \S+ failed \((unauthorized|identity_changed)")
+REFUSALS = re.compile(r"refused a signed request|probe of \S+ failed \((unauthorized|identity_changed|own_identity)")
 
 _why_not = unavailable()
 if _why_not:
@@ -182,7 +182,7 @@ class Run:
         assert not any(refusals.values()), refusals
         assert all(row["authMode"] == "signed" for _, _, _, row in self.views), "a pairing left signed mode"
         kinds = {(row.get("probeFailure") or {}).get("kind") for _, _, _, row in self.views}
-        assert not kinds & {"unauthorized", "identity_changed"}, kinds
+        assert not kinds & {"unauthorized", "identity_changed", "own_identity"}, kinds
         # the routing logs reconcile with the client history
         rec = reconcile(self.history, logs, self.rig.fqdns, ignore=self.before)
         assert rec.ok(), rec.problems[:10]
