@@ -15,9 +15,9 @@ no nft/iptables binaries): in the *receiving* namespace a rule ``from <src> iif 
 drops the sender's packets before any socket sees them; with ``forwarding`` off no ICMP is sent,
 so the sender's connect or read just hangs, as across a real partition. The namespace's
 ``lookup local`` rule is moved from priority 0 to 100 so these rules (priority 10) come first.
-A ``dport`` on the rule drops only new connections *to* that port: the namespace's own
-connections elsewhere still get their replies, which is the asymmetric fault (A reaches B, B
-cannot reach A).
+A ``dport`` on the rule drops only what the sender sends *to* that port: the namespace's own
+connections to the sender still get their replies, which is the asymmetric fault (A reaches B,
+B cannot reach A).
 
 Every command runs ``ip``; ``unavailable()`` says why this cannot work here (not root, no
 ``ip``, namespaces refused) so the tests skip with that sentence.
@@ -153,8 +153,9 @@ class Netns:
     # -- faults ---------------------------------------------------------------------------
 
     def drop(self, at: str, sender: str, dport: int | None = None) -> None:
-        """``at`` silently drops what ``sender`` sends it (only new connections to ``dport``,
-        when given: ``at``'s own connections to ``sender`` still get their answers)."""
+        """``at`` silently drops what ``sender`` sends it (with ``dport``, only what it sends to
+        that port, on new or kept-alive connections: ``at``'s own connections to ``sender``
+        still get their answers)."""
         spec = ("pref", "10", "from", f"{self.addr[sender]}/32", "iif", "eth0")
         if dport is not None:
             spec += ("ipproto", "tcp", "dport", str(dport))
