@@ -45,6 +45,7 @@ SLOW = (
     "tests/test_placement_entry.py",  # 10 s
     "tests/test_postgres_outage.py",  # 12 s: its own PostgreSQL cluster, stopped and started twice
     "tests/test_plugins.py",  # 17 s
+    "tests/test_probe_isolation.py",  # 12 s: three nodes paired, one peer silent
     "tests/test_routing.py",  # 41 s
     "tests/test_routing_log.py",  # 8 s
     "tests/test_serve.py",  # 14 s

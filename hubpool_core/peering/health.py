@@ -9,6 +9,7 @@ protocol.md §3 state machine and §8.9–8.10.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -126,7 +127,16 @@ class HealthPoller:
     def __init__(self, node: Any):
         self.node = node
         self.failures: dict[str, ProbeFailure] = {}
-        self._loop = Periodic("health tick", self.poll_once, lambda: self.poll_s)
+        self._loop = Periodic("health tick", self.tick, lambda: self.poll_s)
+        #: each peer's probe in flight: a tick starts one per peer and never waits for it
+        self._probes: dict[str, asyncio.Task] = {}
+
+    @property
+    def probe_timeout_s(self) -> float:
+        """A probe's whole budget: 15 s (the spec's), but never more than two polls, so a peer
+        that silently drops packets costs a strike every two polls at most, and a probe left
+        hanging by a partition is gone soon after the partition heals."""
+        return min(CAPABILITIES_PROBE_TIMEOUT_S, 2.0 * self.poll_s)
 
     @property
     def poll_s(self) -> int:
@@ -140,12 +150,42 @@ class HealthPoller:
 
     async def stop(self) -> None:
         await self._loop.stop()
+        probes = list(self._probes.values())
+        for task in probes:
+            task.cancel()
+        await asyncio.gather(*probes, return_exceptions=True)
+        self._probes.clear()
 
     async def poll_once(self) -> None:
+        """One tick, then wait for its probes: a poll whose result the caller reads at once."""
+        await self.tick()
+        await self.wait_probes()
+
+    async def tick(self) -> None:
+        """The loop's step: housekeeping, then one probe per peer started, none awaited."""
         await asyncio.to_thread(self.node.housekeeping)
         await self._release_resident()
         rows = [r for r in self.node.peers.all() if r.status in ("connected", "unreachable")]
-        await asyncio.gather(*(self.probe(r) for r in rows))
+        # every peer's probe is its own task: one peer that hangs (a partition drops its packets
+        # silently, so nothing fails until the timeout) must not hold back the others' polls,
+        # nor the next tick. A peer whose probe is still in flight is not probed twice.
+        for row in rows:
+            running = self._probes.get(row.id)
+            if running is not None and not running.done():
+                continue
+            task = asyncio.ensure_future(self.probe(row))
+            self._probes[row.id] = task
+            task.add_done_callback(functools.partial(self._probe_done, row.id))
+
+    def _probe_done(self, peer_id: str, task: asyncio.Task) -> None:
+        if self._probes.get(peer_id) is task:
+            del self._probes[peer_id]
+        if not task.cancelled() and task.exception() is not None:
+            log.error("health probe failed", exc_info=task.exception())
+
+    async def wait_probes(self) -> None:
+        """Until every probe in flight has ended."""
+        await asyncio.gather(*list(self._probes.values()), return_exceptions=True)
 
     async def _release_resident(self) -> None:
         """A withheld model the engine reports resident is proof it serves: clear it. Residency
@@ -170,10 +210,12 @@ class HealthPoller:
         if failure and failure.next_probe_at and now < failure.next_probe_at:
             return
         status, refusal, data, detail, engine_marked = None, None, None, "", False
+        budget = self.probe_timeout_s
         no_credential = False
         try:
-            answer = await self.node.peer_client.call(row, "GET", P + "/capabilities",
-                                                      timeout=CAPABILITIES_PROBE_TIMEOUT_S)
+            # httpx's timeout is per phase; the budget is for the whole probe
+            async with asyncio.timeout(budget):
+                answer = await self.node.peer_client.call(row, "GET", P + "/capabilities", timeout=budget)
             status, refusal = answer.status_code, answer.headers.get(REFUSAL_HEADER)
             engine_marked = "x-hub-pool-backend" in answer.headers
             data = answer.json() if status == 200 else None
@@ -182,6 +224,8 @@ class HealthPoller:
             detail, no_credential = str(exc), True
         except httpx.HTTPError as exc:
             detail = f"fetch failed ({type(exc).__name__})"
+        except TimeoutError:
+            detail = f"no answer within {budget:g}s"
         except (ValueError, RecursionError):  # a peer's nesting bomb is "not JSON", not a dead tick
             detail = "answered something that is not JSON"
         caps = valid_capabilities(data) if status == 200 else None

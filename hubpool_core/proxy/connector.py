@@ -11,6 +11,7 @@ import weakref
 from typing import Any
 
 import aiohttp
+from aiohttp.helpers import is_ip_address
 
 
 class SendState:
@@ -50,7 +51,14 @@ class ReuseAwareConnector(aiohttp.TCPConnector):
         return await super()._get(key, traces)
 
     async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:  # noqa: D102
-        conn = await super().connect(req, traces, timeout)
+        try:
+            conn = await super().connect(req, traces, timeout)
+        except BaseException:
+            # no new connection (refused, unreachable, or given up on by the header budget): the
+            # name may now say another address (a peer that moved), and the resolver's cache
+            # would keep dialling the old one for its whole TTL. Resolve afresh next time.
+            self.forget_address(req.host, req.port)
+            raise
         proto = conn.protocol
         if proto is not None:
             if proto in self._handed_out:
@@ -60,6 +68,11 @@ class ReuseAwareConnector(aiohttp.TCPConnector):
             else:
                 self._handed_out.add(proto)
         return conn
+
+    def forget_address(self, host: str | None, port: int | None) -> None:
+        """Drop ``host``'s cached resolution (a literal address has none)."""
+        if host and port is not None and not is_ip_address(host):
+            self.clear_dns_cache(host, port)
 
 
 def reset_before_answer(exc: BaseException) -> bool:
