@@ -17,8 +17,10 @@ from hubpool_core.peering.addresses import AddressRefused, candidate_urls, parse
 from hubpool_core.peering.client import PeerAuthError
 from hubpool_core.peering.discovery import MIN_PAIR_BY_ADDRESS_PROTOCOL, discover, probe_identify
 from hubpool_core.peering.guard import PeerRefused, admit
+from hubpool_core.peering.health import CLOCK_HEADER
 from hubpool_core.peering.pairing import PairingError
 from hubpool_core.peering.peers import public_peer
+from hubpool_core.peering.signing import clock_ms
 from hubpool_core.signals.containers import clamp_containers
 from hubpool_core.store import PoolPeer
 
@@ -75,11 +77,15 @@ async def _guarded(request: Request) -> tuple[PoolPeer, Any]:
 def _handles(fn):  # noqa: ANN001, ANN202 - wraps a handler so errors become the reference answers
     async def endpoint(request: Request) -> Response:
         try:
-            return await fn(request)
+            answer = await fn(request)
         except PeerRefused as exc:
-            return _error(exc.status, exc.message, exc.headers)
+            answer = _error(exc.status, exc.message, exc.headers)
         except PairingError as exc:
-            return _error(exc.status, exc.message)
+            answer = _error(exc.status, exc.message)
+        # this node's clock, on refusals too: a caller refused for its timestamp can then say
+        # whose clock is wrong (peering/health.py, clock_verdict)
+        answer.headers[CLOCK_HEADER] = str(clock_ms(getattr(request.app.state.node, "clock_offset_ms", 0)))
+        return answer
     endpoint.__name__ = fn.__name__
     return endpoint
 

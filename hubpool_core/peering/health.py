@@ -22,7 +22,12 @@ from hubpool_core.engine import AGENT_DIALECTS, NATIVE, OPENAI
 from hubpool_core.models_ids import fold_model_id
 from hubpool_core.peering.client import PeerAuthError
 from hubpool_core.peering.peers import aware, iso, utcnow
-from hubpool_core.peering.signing import REFUSAL_HEADER, REFUSAL_IDENTITY_MISMATCH
+from hubpool_core.peering.signing import (
+    PEER_SIGNATURE_SKEW_MS,
+    REFUSAL_HEADER,
+    REFUSAL_IDENTITY_MISMATCH,
+    clock_ms,
+)
 from hubpool_core.periodic import Periodic
 from hubpool_core.store import PoolPeer
 
@@ -32,6 +37,13 @@ CAPABILITIES_PROBE_TIMEOUT_S = 15.0
 UNREACHABLE_THRESHOLD = 3
 MAX_BACKOFF_S = 15 * 60
 P = "/api/inference/pool"
+#: a node's own clock (unix ms) on every peer-facing answer, refusals included, so the caller
+#: can say whose clock is wrong when a signature is refused for its timestamp (additive)
+CLOCK_HEADER = "X-Hub-Pool-Clock"
+#: clocks this far apart are named in doctor and status before signatures start failing
+CLOCK_WARN_MS = 240_000
+#: a third clock within this of ours "agrees" with ours
+CLOCK_AGREE_MS = 60_000
 
 ACTIONS = {
     "unreachable": None,  # clears on its own
@@ -53,6 +65,10 @@ class ProbeFailure:
     last_attempt_at: float
     attempts: int
     next_probe_at: float | None
+    #: the peer's clock minus this node's when it refused, and whose clock is wrong: set when
+    #: the refusal is explained by the two clocks being further apart than a signature allows
+    clock_skew_ms: int | None = None
+    clock_action: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         def at(t: float | None) -> str | None:
@@ -60,7 +76,8 @@ class ProbeFailure:
 
         return {"kind": self.kind, "httpStatus": self.http_status, "detail": self.detail, "since": at(self.since),
                 "lastAttemptAt": at(self.last_attempt_at), "attempts": self.attempts,
-                "nextProbeAt": at(self.next_probe_at), "action": ACTIONS[self.kind]}
+                "nextProbeAt": at(self.next_probe_at), "clockSkewMs": self.clock_skew_ms,
+                "action": self.clock_action or ACTIONS[self.kind]}
 
 
 def classify(status: int | None, refusal: str | None) -> str:
@@ -107,6 +124,8 @@ class HealthPoller:
     def __init__(self, node: Any):
         self.node = node
         self.failures: dict[str, ProbeFailure] = {}
+        #: peer id -> the peer's clock minus this node's (ms), from the last probe it answered
+        self.clocks: dict[str, int] = {}
         self._loop = Periodic("health tick", self.poll_once, lambda: self.poll_s)
 
     @property
@@ -127,6 +146,13 @@ class HealthPoller:
         await self._release_resident()
         rows = [r for r in self.node.peers.all() if r.status in ("connected", "unreachable")]
         await asyncio.gather(*(self.probe(r) for r in rows))
+        self.refresh_clock_actions()
+
+    def refresh_clock_actions(self) -> None:
+        """Whose clock is wrong depends on every peer's reading: said again once a tick has read them all."""
+        for peer_id, failure in self.failures.items():
+            if failure.clock_action is not None:
+                failure.clock_action = self.clock_verdict(peer_id) or failure.clock_action
 
     async def _release_resident(self) -> None:
         """A withheld model the engine reports resident is proof it serves: clear it. Residency
@@ -151,9 +177,12 @@ class HealthPoller:
         if failure and failure.next_probe_at and now < failure.next_probe_at:
             return
         status, refusal, data, detail, engine_marked = None, None, None, "", False
+        offset = getattr(self.node, "clock_offset_ms", 0)
         try:
+            sent = clock_ms(offset)
             answer = await self.node.peer_client.call(row, "GET", P + "/capabilities",
                                                       timeout=CAPABILITIES_PROBE_TIMEOUT_S)
+            self._note_clock(row.id, answer.headers.get(CLOCK_HEADER), sent, clock_ms(offset))
             status, refusal = answer.status_code, answer.headers.get(REFUSAL_HEADER)
             engine_marked = "x-hub-pool-backend" in answer.headers
             data = answer.json() if status == 200 else None
@@ -170,6 +199,45 @@ class HealthPoller:
         else:
             self._failed(row, status, refusal, detail if status != 200 else "invalid capabilities payload",
                          engine_marked)
+
+    def _note_clock(self, peer_id: str, stated: str | None, sent_ms: int, received_ms: int) -> None:
+        """The peer's clock against this node's, from the time it stated mid-answer."""
+        try:
+            theirs = int(stated) if stated is not None else None
+        except ValueError:
+            theirs = None
+        if theirs is None or not 0 < theirs < 10**14:
+            return
+        self.clocks[peer_id] = theirs - (sent_ms + received_ms) // 2
+
+    def clock_verdict(self, peer_id: str) -> str | None:
+        """Whose clock is wrong when this node and a peer disagree by more than
+        :data:`CLOCK_WARN_MS`, in a sentence for the operator; None when they agree.
+
+        Two clocks cannot say which of them is wrong; a third can. The peer's clock is wrong
+        when another peer's agrees with this node's; this node's is wrong when every peer's
+        clock is off from it the same way; otherwise it names both."""
+        skew = self.clocks.get(peer_id)
+        if skew is None or abs(skew) <= CLOCK_WARN_MS:
+            return None
+        names = {r.id: r.node_fqdn for r in self.node.peers.all()}
+        peer = names.get(peer_id, "the peer")
+        way = "ahead of" if skew > 0 else "behind"
+        apart = f"{peer}'s clock is {abs(skew) / 1000:.0f} s {way} this node's (signed requests allow " \
+                f"{PEER_SIGNATURE_SKEW_MS // 1000} s)"
+        others = {pid: s for pid, s in self.clocks.items() if pid != peer_id and pid in names}
+        agreeing = sorted(names[pid] for pid, s in others.items() if abs(s) <= CLOCK_AGREE_MS)
+        if agreeing:
+            return f"{apart}; {agreeing[0]} agrees with this node, so {peer}'s clock is wrong: enable NTP " \
+                   f"there (timedatectl set-ntp true) and check its time zone setting"
+        same_way = [s for s in others.values() if abs(s) > CLOCK_WARN_MS and (s > 0) == (skew > 0)]
+        if others and len(same_way) == len(others):
+            mine = "behind" if skew > 0 else "ahead of"  # the peer's lead is this node's lag
+            return f"this node's clock is {abs(skew) / 1000:.0f} s {mine} {peer}'s, and off the same way " \
+                   f"from all {len(others) + 1} peers it reads, so this node's clock is wrong: enable NTP here " \
+                   f"(timedatectl set-ntp true)"
+        return f"{apart}; no third node can say which is right: compare both with a time server " \
+               f"(timedatectl status on each) and enable NTP on the wrong one"
 
     async def _succeeded(self, row: PoolPeer, caps: dict[str, Any]) -> None:
         if row.id in self.failures:
@@ -190,8 +258,15 @@ class HealthPoller:
         next_at = None
         if kind != "unreachable":  # refusals back off from two polls to at most 15 minutes
             next_at = now + min(MAX_BACKOFF_S, self.poll_s * 2 ** min(attempts, 20))
+        skew = self.clocks.get(row.id)
+        clock_action = None
+        if kind == "unauthorized" and skew is not None and abs(skew) > PEER_SIGNATURE_SKEW_MS:
+            # refused for its timestamp: the operator is told whose clock to fix, not to re-pair
+            clock_action = self.clock_verdict(row.id)
+            detail = f"{detail}: the clocks are {abs(skew) / 1000:.0f} s apart"
         self.failures[row.id] = ProbeFailure(kind, status, detail[:200], prev.since if prev and prev.kind == kind
-                                             else now, now, attempts, next_at)
+                                             else now, now, attempts, next_at, skew if clock_action else None,
+                                             clock_action)
         strikes = row.consecutive_failures + 1
         changes: dict[str, Any] = {"consecutive_failures": strikes}
         if strikes >= UNREACHABLE_THRESHOLD or kind == "identity_changed":
