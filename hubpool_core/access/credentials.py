@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
 import secrets
 from dataclasses import dataclass
@@ -16,9 +17,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from sqlalchemy import insert, select, update
+from sqlalchemy.exc import OperationalError
 
 from hubpool_core.store import ApiKey, Database, api_key_table
 from hubpool_core.store.models import from_row, values_of
+
+log = logging.getLogger("hubpool.access")
 
 OPERATOR_KEY_FILE = "operator.key"
 SCOPES = ("operator", "inference", "qa:read")
@@ -87,14 +91,20 @@ class KeyStore:
         if self.is_operator_key(presented):
             return Principal("operator", None)
         digest = hash_key(presented)
-        with self.db.engine.begin() as conn:
+        with self.db.engine.connect() as conn:
             row = conn.execute(select(api_key_table.c.id, api_key_table.c.scope, api_key_table.c.revoked_at)
                                .where(api_key_table.c.key_hash == digest)).first()
-            if row is None or row.revoked_at is not None:
-                return None
-            conn.execute(update(api_key_table).where(api_key_table.c.id == row.id)
-                         .values(last_used_at=datetime.now(UTC)))
-            return Principal(row.scope, row.id)
+        if row is None or row.revoked_at is not None:
+            return None
+        try:
+            with self.db.engine.begin() as conn:
+                conn.execute(update(api_key_table).where(api_key_table.c.id == row.id)
+                             .values(last_used_at=datetime.now(UTC)))
+        except OperationalError as exc:
+            # the "last used" stamp is bookkeeping: a full disk or a database another writer
+            # holds must not refuse a valid key (the node keeps serving), so it is skipped
+            log.warning("could not record the use of API key %s (%s)", row.id[:8], exc.orig or exc)
+        return Principal(row.scope, row.id)
 
     def create(self, name: str, scope: str) -> tuple[ApiKey, str]:
         if scope not in SCOPES:

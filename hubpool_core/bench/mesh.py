@@ -159,7 +159,8 @@ class Mesh:
 
     def wait_up(self, name: str, proc: subprocess.Popen, timeout: float = 180) -> None:
         url = f"http://127.0.0.1:{self.ports[name]}"
-        procs.wait_http(url + P + "/identify", proc, timeout, f"hubpool node {name}", "\n" + self.started.log_tail(name))
+        procs.wait_http(url + P + "/identify", proc, timeout, f"hubpool node {name}",
+                        "\n" + self.started.log_tail(name))
         self.nodes[name] = procs.BenchNode(name, url, proc, self.workdir / name)
 
     def start_nodes(self) -> None:

@@ -9,12 +9,14 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hubpool_core import __version__
 from hubpool_core.api import advice, inference, local, metrics_route, operator, peers
 from hubpool_core.node.node import Node
 from hubpool_core.proxy import LOCAL_PREFIX
+from hubpool_core.store import storage_refusal
 from hubpool_core.web import mount as mount_web_ui
 
 
@@ -89,6 +91,18 @@ def create_app(node: Node) -> FastAPI:
         message = {404: "No such route on this node", 405: "Method not allowed on this route"}.get(
             exc.status_code, str(exc.detail))
         return JSONResponse({"error": message}, status_code=exc.status_code)
+
+    @app.exception_handler(OSError)
+    @app.exception_handler(OperationalError)
+    async def storage(_request: Request, exc: Exception) -> JSONResponse:
+        # a full disk (507) or a database another writer held past the busy timeout (503): said
+        # as such, never as a crash; the write was refused whole and the node keeps serving
+        refused = storage_refusal(exc, node.env.data_dir)
+        if refused is None:
+            return await crashed(_request, exc)
+        logging.getLogger("hubpool").warning("a write was refused: %s", refused.message)
+        headers = {"Retry-After": "1"} if refused.status == 503 else None
+        return JSONResponse({"error": refused.message}, status_code=refused.status, headers=headers)
 
     @app.exception_handler(Exception)
     async def crashed(_request: Request, exc: Exception) -> JSONResponse:

@@ -142,10 +142,19 @@ class HealthPoller:
         await self._loop.stop()
 
     async def poll_once(self) -> None:
-        await asyncio.to_thread(self.node.housekeeping)
+        try:
+            await asyncio.to_thread(self.node.housekeeping)
+        except Exception as exc:  # noqa: BLE001 - a full disk must not stop the probes
+            log.warning("housekeeping failed this tick (%s: %s); probing the peers anyway", type(exc).__name__, exc)
         await self._release_resident()
         rows = [r for r in self.node.peers.all() if r.status in ("connected", "unreachable")]
-        await asyncio.gather(*(self.probe(r) for r in rows))
+        # one peer's probe failing to be recorded (a full disk refuses the row's update) is said
+        # for that peer; the others' probes still run to the end
+        results = await asyncio.gather(*(self.probe(r) for r in rows), return_exceptions=True)
+        for row, result in zip(rows, results, strict=True):
+            if isinstance(result, Exception):
+                log.warning("the probe of %s could not be recorded: %s: %s", row.node_fqdn, type(result).__name__,
+                            result)
         self.refresh_clock_actions()
 
     def refresh_clock_actions(self) -> None:
