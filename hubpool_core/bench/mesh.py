@@ -236,7 +236,8 @@ def pair_mesh(mesh: Mesh) -> dict[str, Any]:
         procs.pair(mesh.nodes[a], mesh.nodes[b])
     paired = time.monotonic() - t0
     mesh.progress(f"{len(pairs)} pairings in {paired:.0f} s; waiting for every node to read every other")
-    converged = mesh.wait_links(mesh.names, mesh.names, "connected", timeout=max(120, 4 * mesh.poll_s), t0=t0)
+    converged = mesh.wait_links(mesh.names, mesh.names, "connected", timeout=paired + max(120, 4 * mesh.poll_s),
+                                t0=t0)
     return {"pairings": len(pairs), "pairCallsS": round(paired, 1), "meshConnectedS": round(converged, 1)}
 
 
@@ -397,24 +398,24 @@ def reconcile(ops: list[Op], logs: dict[str, list[dict[str, Any]]], names: list[
         if op.rid in rids:
             problems.append(f"client: two requests got id {op.rid}")
         rids.add(op.rid)
-        row = outbound[op.entry].get(op.rid)
-        if row is None:
+        sent = outbound[op.entry].get(op.rid)
+        if sent is None:
             problems.append(f"{op.entry}: no outbound row for {what}")
             continue
         told = op.served_by or "?"
-        if (row["outcome"], row["status"]) != ("served", 200) or row["node"] != told:
-            problems.append(f"{op.entry}: row says {row['outcome']} {row['status']} at {row['node']}, "
+        if (sent["outcome"], sent["status"]) != ("served", 200) or sent["node"] != told:
+            problems.append(f"{op.entry}: row says {sent['outcome']} {sent['status']} at {sent['node']}, "
                             f"client was told {told}: {what}")
         if told not in ("local", "?"):
             server = by_fqdn.get(told)
             got = inbound.get(server or "", {}).get(op.rid)
             if got is None or got["outcome"] != "served" or by_fqdn.get(got["node"]) != op.entry:
                 problems.append(f"{server}: no served inbound row from {op.entry} for {what}: {got}")
-    for node, rows in inbound.items():
-        for rid, row in rows.items():
-            sender = by_fqdn.get(row["node"])
+    for node, received in inbound.items():
+        for rid, got_row in received.items():
+            sender = by_fqdn.get(got_row["node"])
             if sender is None or rid not in outbound.get(sender, {}):
-                problems.append(f"{node}: inbound row {rid} whose sender {row['node']} has no outbound row")
+                problems.append(f"{node}: inbound row {rid} whose sender {got_row['node']} has no outbound row")
     sent_by_client = {op.rid for op in ops}
     for node in names[1:]:  # the first node also took the placement phase's requests
         for rid in outbound[node]:
