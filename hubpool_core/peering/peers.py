@@ -10,7 +10,6 @@ import base64
 import hashlib
 import hmac
 import secrets
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -120,8 +119,6 @@ class PeerRepo:
         #: bumped before and after every write: a read that raced a write (housekeeping
         #: writes from a thread) is not kept
         self._generation = 0
-        #: guards the compare-and-set of ``_all`` after a one-row update (below)
-        self._lock = threading.Lock()
 
     def all(self) -> list[PoolPeer]:
         cached = self._all
@@ -135,15 +132,13 @@ class PeerRepo:
 
     @contextmanager
     def _writing(self) -> Iterator[None]:
-        with self._lock:
-            self._generation += 1
-            self._all = None
+        self._generation += 1
+        self._all = None
         try:
             yield
         finally:
-            with self._lock:
-                self._generation += 1
-                self._all = None
+            self._generation += 1
+            self._all = None
 
     def by_id(self, peer_id: str) -> PoolPeer | None:
         with self.db.engine.connect() as conn:
@@ -194,24 +189,12 @@ class PeerRepo:
         unknown = changes.keys() - _COLUMNS
         if unknown:
             raise TypeError(f"not a hub_pool_peer column: {', '.join(sorted(unknown))}")
-        with self._lock:
-            cached, generation = self._all, self._generation
         with self._writing(), self.db.engine.begin() as conn:
             done = conn.execute(update(peer_table).where(peer_table.c.id == peer_id)
                                 .values({**changes, "updated_at": utcnow()}))
             if done.rowcount == 0:
                 return None
-            fresh = _one(conn, peer_table.c.id == peer_id)
-        # The health tick updates every peer's row on every poll, and each inbound peer call
-        # reads the whole list: dropping the cache on each of those writes re-read (and
-        # re-decoded) every row N times a tick, which made a node's idle cost grow with the
-        # square of the pool (docs/performance.md, "A mesh of twenty"). The write already read
-        # the fresh row back: patch it into the cached list, unless another write came between.
-        if cached is not None and fresh is not None and "node_fqdn" not in changes:  # the list's order
-            with self._lock:
-                if self._generation == generation + 2 and self._all is None:
-                    self._all = [fresh if r.id == peer_id else r for r in cached]
-        return fresh
+            return _one(conn, peer_table.c.id == peer_id)
 
     def delete(self, peer_id: str) -> bool:
         with self._writing(), self.db.engine.begin() as conn:
