@@ -30,11 +30,15 @@ SLOW = (
     "tests/test_bench_pool.py",  # 100 s: eight hubpool nodes, nginx and the oracle on two simulated boxes
     "tests/test_chaos.py",  # 66 s
     "tests/test_cli.py",  # 59 s
+    "tests/test_wheels_install.py",  # 140 s: builds every wheel, installs them in a fresh venv, serves
     "tests/test_cli_pool.py",  # 150 s
+    "tests/test_containers_chain.py",  # 16 s: two nodes, a fake Docker socket and three CLI runs
     "tests/test_clients_agents.py",  # 30 s
     "tests/test_clients_ollama.py",  # 7 s
     "tests/test_identity_lifecycle.py",  # 8 s
+    "tests/test_identity_recovery.py",  # 10 s: a real restart and three CLI runs
     "tests/test_pairing.py",  # 36 s
+    "tests/test_pair_by_lan_name.py",  # 11 s: pairs by LAN name through the CLI, end to end
     "tests/test_peer_security.py",  # 6 s
     "tests/test_placement_entry.py",  # 10 s
     "tests/test_plugins.py",  # 17 s

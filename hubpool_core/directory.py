@@ -9,6 +9,7 @@ it never asks on a timer (each candidate is probed over HTTPS afterwards).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -39,8 +40,16 @@ class TailnetStatus:
     MagicDNS name (``None``: no name, MagicDNS off). ``suffix`` is the tailnet's
     MagicDNS suffix such as ``example-tailnet.ts.net`` (``None``: unknown; a node with
     no suffix has nothing to check pairing names against). ``serving`` is whether
-    ``tailscale serve`` publishes this node (``None``: cannot tell). ``error`` is a
-    sentence for the operator when the status could not be read.
+    ``tailscale serve`` publishes this node (``None``: cannot tell); ``serve_detail`` is a
+    sentence saying what the serve configuration does publish when that is not this node.
+    ``error`` is a sentence for the operator when the status could not be read.
+
+    What a daemon's status says beyond that, each ``None`` when the directory cannot tell:
+    ``https_certs`` whether the tailnet issues this node an HTTPS certificate for
+    ``self_fqdn`` (peers dial ``https://<name>``, which needs one); ``online`` whether the
+    coordination server sees this node online; ``backend_state`` the daemon's own word for
+    its state (``Running``, ``Stopped``, ``NeedsLogin``...); ``tailnet_name`` the tailnet's
+    name (what the Tailscale Admin API is asked about, never the credential's default).
     """
 
     connected: bool
@@ -48,6 +57,11 @@ class TailnetStatus:
     suffix: str | None = None
     serving: bool | None = None
     error: str | None = None
+    https_certs: bool | None = None
+    online: bool | None = None
+    backend_state: str | None = None
+    tailnet_name: str | None = None
+    serve_detail: str | None = None
 
 
 class Directory(ABC):
@@ -67,6 +81,10 @@ class Directory(ABC):
 
     def __init__(self, env: Any) -> None:
         self.env = env
+        #: set by the core once directories are built: this node's tailnet status as the
+        #: directories that can say report it. A directory querying a remote API for "this
+        #: tailnet" asks it which tailnet that is (``None`` when used outside a node).
+        self.local_tailnet: Callable[[], Awaitable[TailnetStatus]] | None = None
 
     def configured(self) -> bool:
         """Whether this directory can answer here (its credential or command exists)."""
@@ -81,6 +99,12 @@ class Directory(ABC):
     async def tailnet_status(self) -> TailnetStatus | None:
         """This node's tailnet status, or ``None`` when this directory is not the
         tailnet's own daemon and cannot say."""
+        return None
+
+    def problem(self) -> str | None:
+        """Why this directory's last call failed, a sentence for ``hubpool doctor`` (shown
+        as a warning); ``None`` when it last answered, or has not been asked. Default:
+        ``None``."""
         return None
 
     async def members(self) -> set[str] | None:

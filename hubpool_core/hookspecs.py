@@ -66,7 +66,9 @@ def hubpool_register_stages(register: Callable[[type], None]) -> None:
 def hubpool_register_container_stats(register: Callable[[Callable[[], Any]], None]) -> None:
     """Register a zero-argument callable returning container counts
     ``{running, stopped, total, cpuPercent, memoryBytes}`` or ``None`` when it cannot
-    say. Called off the poll path by a sampler; none is shipped by default."""
+    say — or a class, which the node instantiates once with its environment settings (as
+    directories and pressure sources are) and then calls. Called in a worker thread off
+    the poll path by a sampler, every 60 s; ``docker_stats`` is the first-party source."""
 
 
 @hookspec

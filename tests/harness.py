@@ -56,7 +56,9 @@ class RunningNode:
         dead = closed_port_url()
         env = {var: dead for var in ENGINE_VARS}
         env.update({"HUB_POOL_DATA_DIR": str(data_dir), "HUB_POOL_LISTEN": f"127.0.0.1:{self.port}",
-                    "HUB_POOL_TAILSCALE_CLI": "/nonexistent/tailscale"})
+                    "HUB_POOL_TAILSCALE_CLI": "/nonexistent/tailscale",
+                    # a Docker daemon on the test machine must not become a node's container source
+                    "HUB_POOL_DOCKER_SOCKET": "/nonexistent/docker.sock"})
         env.update(environ or {})
         self.environ = env
         self.env = EnvSettings.from_environ(env)
@@ -97,6 +99,15 @@ class RunningNode:
         self.thread.join(timeout=15)
         self.sock.close()
 
+    def restarted(self) -> RunningNode:
+        """Stop this node and start its data directory again on the same port (where its peers
+        know it), as `hubpool serve` would after a reboot; returns the new, running node."""
+        self.stop()
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", self.port))
+        return RunningNode(self.env.data_dir, self.environ, sock=sock).start()
+
     def __enter__(self) -> RunningNode:
         return self.start()
 
@@ -116,6 +127,7 @@ def tailnet_status_for(name: str) -> dict[str, Any]:
     everyone = {status["Self"]["HostName"]: status["Self"], **{p["HostName"]: p for p in status["Peer"].values()}}
     me = everyone.pop(name)
     status["Self"] = me
+    status["CertDomains"] = [me["DNSName"].rstrip(".")]  # a daemon lists its own name's certificate
     status["Peer"] = {f"nodekey:{peer['HostName']}": peer for peer in everyone.values()}
     return status
 

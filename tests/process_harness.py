@@ -71,7 +71,9 @@ class NodeProcess:
         dead = closed_port_url()
         base.update({var: dead for var in ENGINE_VARS})
         base.update({"HUB_POOL_DATA_DIR": str(self.data_dir), "HUB_POOL_LISTEN": f"127.0.0.1:{port}",
-                     "PYTHONUNBUFFERED": "1"})
+                     "PYTHONUNBUFFERED": "1",
+                     # a Docker daemon on the test machine must not become a node's container source
+                     "HUB_POOL_DOCKER_SOCKET": "/nonexistent/docker.sock"})
         base.update(environ)
         self.environ = base
         self.proc: subprocess.Popen | None = None

@@ -11,7 +11,7 @@ import pytest
 from harness import RunningNode
 
 COMMANDS = ["serve", "demo", "plugins", "status", "settings", "log", "bench", "bench placement", "api-key", "api-key create", "api-key list",
-            "api-key revoke"]
+            "api-key revoke", "service", "service install", "service uninstall", "service status"]
 
 
 def hubpool(*args: str, env: dict | None = None, timeout: int = 60) -> subprocess.CompletedProcess:

@@ -64,8 +64,21 @@ def test_a_bearer_pairing_upgrades_to_signed_and_retires_its_tokens(pair):
     a.run(a.node.health.poll_once())
     assert row(a, "hub-b").verify_token_hash is None and row(a, "hub-b").present_token_encrypted is None
     assert row(a, "hub-b").status == "connected" and row(b, "hub-a").status == "connected"
-    # the operator route runs the exchange on demand; with nothing to upgrade it says so
-    assert op(a, "POST", f"/peers/{row(a, 'hub-b').id}/upgrade", expect=None)
+    # the operator route runs the exchange on demand; with nothing to upgrade it says so, and
+    # calls nobody (the peer's row keeps its grace closed)
+    again = op(a, "POST", f"/peers/{row(a, 'hub-b').id}/upgrade")
+    assert again["upgraded"] is False and "nothing to upgrade" in again["message"]
+    assert again["authMode"] == "signed" and row(b, "hub-a").bearer_grace_until is None
+
+
+def test_the_operator_route_upgrades_a_bearer_pairing_at_once(pair):
+    a, b = pair["hub-a"], pair["hub-b"]
+    make_legacy(a, "hub-b")
+    make_legacy(b, "hub-a")
+    done = op(a, "POST", f"/peers/{row(a, 'hub-b').id}/upgrade")
+    assert done["upgraded"] is True
+    assert row(a, "hub-b").peer_public_key == b.node.identity.get().public_key  # each pinned the other's key
+    assert row(b, "hub-a").peer_public_key == a.node.identity.get().public_key
 
 
 def test_a_pin_that_never_sees_a_signature_is_rolled_back(pair):
@@ -138,3 +151,38 @@ def test_rotation_keeps_the_uuid_unpairs_everyone_and_names_who_was_not_told(pai
     assert sorted(result["unpaired"]) == [fqdn("hub-b"), fqdn("hub-c")]
     assert result["unreachable"] == [fqdn("hub-c")]
     assert op(a, "GET", "/peers") == [] and op(b, "GET", "/peers") == []  # B was told, signed with the old key
+
+
+def _reload_identity(node):
+    """What a restart does to the memoised identity: the next read loads it from the store."""
+    node.node.identity._cached = None
+    node.node.identity._retry_at = None
+
+
+def test_rotation_with_an_identity_that_cannot_load_changes_nothing(pair):
+    a, b = pair["hub-a"], pair["hub-b"]
+    with a.node.db.engine.begin() as conn:  # the identity row cannot be read (a broken store)
+        conn.exec_driver_sql("ALTER TABLE hub_pool_identity RENAME TO hub_pool_identity_moved")
+    _reload_identity(a)
+    with a.client(headers=a.headers()) as c:
+        r = c.post(P + "/identity/rotate")
+    assert r.status_code == 503, r.text
+    assert row(a, "hub-b").status == "connected" and row(b, "hub-a").status == "connected"  # nobody was unpaired
+    assert "cannot be loaded" in r.json()["error"] and "Nothing was changed" in r.json()["error"]
+    with a.node.db.engine.begin() as conn:
+        conn.exec_driver_sql("ALTER TABLE hub_pool_identity_moved RENAME TO hub_pool_identity")
+
+
+def test_rotation_with_a_corrupt_node_secret_changes_nothing(pair):
+    a, b = pair["hub-a"], pair["hub-b"]
+    before = op(a, "GET", "/status")["localNode"]["identity"]["publicKeyFingerprint"]
+    secret = a.node.identity.secret_path
+    kept = secret.read_bytes()
+    secret.write_bytes(b"short")  # truncated: the key can neither be opened nor re-sealed
+    with a.client(headers=a.headers()) as c:
+        r = c.post(P + "/identity/rotate")
+    assert r.status_code == 503, r.text
+    assert "cannot be rotated" in r.json()["error"] and "5 bytes" in r.json()["error"]
+    assert row(a, "hub-b").status == "connected" and row(b, "hub-a").status == "connected"
+    secret.write_bytes(kept)
+    assert op(a, "GET", "/status")["localNode"]["identity"]["publicKeyFingerprint"] == before  # key not replaced

@@ -109,7 +109,8 @@ def test_unpair_tells_the_other_side(pool2):
     a, b = pool2["hub-a"], pool2["hub-b"]
     op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn("hub-b")})
     op(b, "POST", f"/peers/{fqdn('hub-a')}/approve")
-    assert op(a, "DELETE", f"/peers/{rows(a)[fqdn('hub-b')]['id'][:8]}") == {"success": True}
+    assert op(a, "DELETE", f"/peers/{rows(a)[fqdn('hub-b')]['id'][:8]}") == {"success": True, "told": True,
+                                                                             "message": None}
     assert rows(a) == {} and rows(b) == {}
     # and they can pair again
     op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn("hub-b")})
@@ -273,3 +274,72 @@ def test_after_a_pin_pairing_either_side_may_poll_first(pool2):
     assert b.node.peers.by_fqdn(fqdn("hub-a")).last_capabilities is not None
     a.run(a.node.health.poll_once())
     assert a.node.health.failures == {}
+
+
+def test_a_pin_that_is_not_six_ascii_digits_is_a_400_that_spends_nothing(pool2):
+    import httpx
+
+    a, b = pool2["hub-a"], pool2["hub-b"]
+    pin = op(b, "POST", "/pairing-pin")["pin"]
+    # the operator route refuses it before anything is sent
+    sent = op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn("hub-b"), "pin": "١٢٣٤٥٦"}, expect=400)
+    assert sent["error"] == "pin must be exactly six ASCII digits (0-9)"
+    assert rows(a) == {} and rows(b) == {}
+    # the receiver: Arabic-Indic and full-width digits pass str.isdigit() but are not a PIN; more
+    # of them than the cooldown's two strikes and the PIN's five tries, all from hub-a's name
+    for bad in ("١٢٣٤٥٦", "１２３４５６", "١٢٣٤٥٦", "12345", "1234567", "12345a", 123456, "١٢٣٤٥٦"):
+        body = {"fromNodeFqdn": fqdn("hub-a"), "token": "b" * 64, "pin": bad}
+        r = httpx.post(b.url + P + "/pair/request", json=body)
+        assert r.status_code == 400, (bad, r.status_code, r.text)
+        assert r.json() == {"error": "pin must be exactly six ASCII digits (0-9)"}
+    assert rows(b) == {}
+    # no strike and no try was spent: the real PIN still pairs, from the same name and address
+    op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn("hub-b"), "pin": pin})
+    assert rows(b)[fqdn("hub-a")]["status"] == "pending" and rows(b)[fqdn("hub-a")]["peerKeyFingerprint"]
+
+
+def test_the_sender_reads_a_403_to_a_pin_request_as_a_refused_pin(tmp_path):
+    import json
+
+    nodes = make_pool(tmp_path, ["hub-a", "hub-b"])
+    status_file = tmp_path / "hub-b-tailscale.json"  # hub-b answers from another tailnet: a 403
+    status = json.loads(status_file.read_text())
+    status["MagicDNSSuffix"] = status["CurrentTailnet"]["MagicDNSSuffix"] = "other-tailnet.ts.net"
+    status_file.write_text(json.dumps(status))
+    a, b = nodes["hub-a"], nodes["hub-b"]
+    with a, b:
+        pin = op(b, "POST", "/pairing-pin")["pin"]
+        r = _cli(a, "pair", fqdn("hub-b"), "--pin", pin, "--yes")
+        assert r.returncode == 1
+        said = " ".join(r.stderr.split())  # rich wraps the line
+        assert "Peer refused the pairing PIN (403). Mint a fresh one on that Hub" in said, r.stderr
+        assert "only accepted from devices on this tailnet" in said  # the reason it gave is kept
+        assert rows(a) == {} and rows(b) == {}
+
+
+def test_the_cli_says_what_approve_and_unpair_really_did(pool2):
+    a, b = pool2["hub-a"], pool2["hub-b"]
+    op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn("hub-b")})  # no PIN
+    own = _cli(a, "approve", fqdn("hub-b"), "--yes")  # approving the request this Hub sent
+    said = " ".join(own.stderr.split())
+    assert own.returncode == 1 and f"so it is approved there: on {fqdn('hub-b')}, run `hubpool approve " \
+        f"{fqdn('hub-a')}`" in said, own.stderr
+    # cancelling a request sent without a PIN cannot withdraw it there, and says so
+    cancelled = _cli(a, "unpair", fqdn("hub-b"), "--yes")
+    said = " ".join(cancelled.stdout.split())
+    assert cancelled.returncode == 0 and f"{fqdn('hub-b')} was not told" in said and "stays pending there" in said
+    assert f"`hubpool reject {fqdn('hub-a')}`" in said  # the command to run there, with this Hub's name
+    assert rows(a) == {} and rows(b)[fqdn("hub-a")]["status"] == "pending"  # what it said is what happened
+    # hub-b approves that orphan: its callback is refused (hub-a holds no row), so it is not "connected"
+    approved = _cli(b, "approve", fqdn("hub-a"), "--yes")
+    said = " ".join((approved.stdout + approved.stderr).split())
+    assert approved.returncode == 1, said
+    assert "connected" not in said and f"{fqdn('hub-a')} could not be told" in said and "half paired" in said
+    op(b, "DELETE", f"/peers/{fqdn('hub-a')}")
+    # with a PIN the request can be withdrawn: hub-b is told and drops it
+    pin = op(b, "POST", "/pairing-pin")["pin"]
+    op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn("hub-b"), "pin": pin})
+    assert rows(b)[fqdn("hub-a")]["status"] == "pending"
+    withdrawn = _cli(a, "unpair", fqdn("hub-b"), "--yes")
+    assert withdrawn.returncode == 0 and "the other Hub was told" in withdrawn.stdout, withdrawn.stdout
+    assert rows(b) == {}

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from hubpool_core import Engine, ModelInfo, ProbeResult, Stage
 from hubpool_core.api.inference import ROUTED
 from hubpool_core.config import Pin, PoolSettings
-from hubpool_core.engine import NATIVE, EngineConfig, ResidentModel
+from hubpool_core.engine import AGENT_DIALECTS, NATIVE, RERANK, EngineConfig, ResidentModel
 from hubpool_core.placement import (
     NO_AUTO_MODEL,
     Load,
@@ -190,27 +190,38 @@ def model_in(world: dict[str, Any]) -> st.SearchStrategy[str]:
     return st.sampled_from(listed) | st.sampled_from(MODELS) if listed else st.sampled_from(MODELS)
 
 
-def offers_model(world: dict[str, Any], model: str) -> set[tuple[str, str]]:
-    """Who may serve ``model``, worked out from the world, not from placement's code."""
+def offers_model(world: dict[str, Any], model: str, dialect: str | None = None) -> set[tuple[str, str]]:
+    """Who may serve ``model`` in ``dialect``, worked out from the world, not from placement's
+    code. Rerank has no translation: a local engine must state it, and a peer's backend that
+    states its dialects without it is no offer. For an agent dialect a peer's backend that
+    states it natively is the one chosen."""
     folded = fold_model_id(model)
     out = {("local", b.engine.kind) for b in world["backends"]
            if b.snapshot.result.running and b.snapshot.result.healthy
            and any(same_model(m.id, model) for m in b.snapshot.result.models)
-           and folded not in world["unservable"].get(b.engine.kind, set())}
+           and folded not in world["unservable"].get(b.engine.kind, set())
+           and (dialect != RERANK or RERANK in b.dialects)}
     for p in world["peers"]:
         caps = p.last_capabilities
         if caps.get("acceptingWork") is False:
             continue
-        first = next((b["type"] for b in caps["backends"]
-                      if b["healthy"] and any(same_model(m, model) for m in b["modelsLoaded"])), None)
-        if first is not None:
-            out.add((p.node_fqdn, first))
+        listing = [b for b in caps["backends"]
+                   if b["healthy"] and any(same_model(m, model) for m in b["modelsLoaded"])]
+        if dialect == RERANK:
+            listing = [b for b in listing if not isinstance(b.get("dialects"), list) or RERANK in b["dialects"]]
+        elif dialect in AGENT_DIALECTS:
+            listing = ([b for b in listing if dialect in (b.get("dialects") or [])]
+                       + [b for b in listing if dialect not in (b.get("dialects") or [])])
+        if listing:
+            out.add((p.node_fqdn, listing[0]["type"]))
     return out
 
 
 def pool_models(world: dict[str, Any]) -> set[str]:
-    """Every model some node could take (what ``auto`` chooses among)."""
-    out = {m.id for b in world["backends"] if b.healthy for m in b.snapshot.result.models}
+    """Every model some node could take (what ``auto`` chooses among): this node's models
+    minus the ones it withholds as unservable, plus what each accepting peer advertises."""
+    out = {m.id for b in world["backends"] if b.healthy for m in b.snapshot.result.models
+           if fold_model_id(m.id) not in world["unservable"].get(b.engine.kind, set())}
     for p in world["peers"]:
         if p.last_capabilities.get("acceptingWork") is not False:
             out |= {m for b in p.last_capabilities["backends"] if b["healthy"] for m in b["modelsLoaded"]}
@@ -260,7 +271,7 @@ def test_every_plan_holds_the_entrys_promises(world, data, auto, route, preferre
     # every candidate offers the model, and everyone who offers it is a candidate, once
     keys = [key(c) for c in plan.candidates]
     assert len(keys) == len(set(keys))
-    assert set(keys) == offers_model(world, plan.model)
+    assert set(keys) == offers_model(world, plan.model, asked.dialect)
     # withheld engines come last
     flags = [k in world["withheld"] for k in keys]
     assert flags == sorted(flags)

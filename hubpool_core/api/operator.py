@@ -113,6 +113,9 @@ async def status(request: Request) -> Response:
             **_engine_state(node, backends),
             "gpuPressure": node.pressure.band,
             "gpuPressureSource": wire_source_name(node.pressure.source) if node.pressure.source else None,
+            # this node's own last container sample (None: no source, or none recent), shared
+            # with peers only while poolShareContainerStats is on
+            "containers": node.containers.current(),
             "backends": [
                 {"type": b.engine.kind, "url": b.engine.base_url, "healthy": b.healthy,
                  "modelsLoaded": [m.id for m in b.snapshot.result.models], "error": b.snapshot.result.error,

@@ -19,8 +19,10 @@ from hubpool_core.peering.discovery import MIN_PAIR_BY_ADDRESS_PROTOCOL, discove
 from hubpool_core.peering.guard import PeerRefused, admit
 from hubpool_core.peering.health import CLOCK_HEADER
 from hubpool_core.peering.pairing import PairingError
+from hubpool_core.peering.pairing_pin import PIN_SHAPE_MESSAGE, is_pin_shape
 from hubpool_core.peering.peers import public_peer
 from hubpool_core.peering.signing import clock_ms
+from hubpool_core.placement import is_fresh
 from hubpool_core.signals.containers import clamp_containers
 from hubpool_core.store import PoolPeer
 
@@ -158,15 +160,18 @@ def _op(fn):  # noqa: ANN001, ANN202 - operator credential, then the reference e
 
 @_op
 async def list_peers(request: Request) -> Response:
-    return JSONResponse([_peer_row(r) for r in request.app.state.node.peers.all()])
+    node = request.app.state.node
+    return JSONResponse([_peer_row(r, node.settings.current.poolHealthPollSeconds) for r in node.peers.all()])
 
 
-def _peer_row(row: PoolPeer) -> dict[str, Any]:
+def _peer_row(row: PoolPeer, poll_seconds: int) -> dict[str, Any]:
     out = public_peer(row)
     caps = row.last_capabilities if isinstance(row.last_capabilities, dict) else {}
     cap = caps.get("maxNumCtx")
     out["maxNumCtx"] = cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
-    out["containers"] = clamp_containers(caps.get("containers"))
+    # the same freshness rule /status applies: a snapshot routing no longer trusts is not a
+    # reading of the peer's load now, and must not be shown as one
+    out["containers"] = clamp_containers(caps.get("containers")) if is_fresh(row, poll_seconds) else None
     return out
 
 
@@ -226,8 +231,8 @@ async def pair(request: Request) -> Response:
     if (name is None) == (address is None):
         raise PairingError(400, "Send either nodeFqdn (a peer's tailnet name) or address (a LAN address to pair "
                                 "with), not both and not neither")
-    if pin is not None and (not isinstance(pin, str) or len(pin) != 6 or not pin.isdigit()):
-        raise PairingError(400, "pin must be six digits")
+    if pin is not None and not is_pin_shape(pin):
+        raise PairingError(400, PIN_SHAPE_MESSAGE)
     if display is not None and not isinstance(display, str):
         raise PairingError(400, "displayName must be a string")
     if address is not None:
@@ -239,7 +244,20 @@ async def pair(request: Request) -> Response:
         return JSONResponse(await node.pairing.pair_by_address(address, pin, display))
     if not isinstance(name, str):
         raise PairingError(400, "nodeFqdn must be a string")
+    if pin is not None and not await _is_tailnet_name(node, name):
+        # `hubpool probe hub-b.lan` advises `hubpool pair hub-b.lan --pin N`: a name that is not
+        # a tailnet FQDN is a LAN name, and with a PIN it is an address (dialling https://hub-b.lan
+        # would go nowhere: peers are reached only at their tailnet names)
+        return JSONResponse(await node.pairing.pair_by_address(name, pin, display))
     return JSONResponse(await node.pairing.pair_by_name(name, display, pin))
+
+
+async def _is_tailnet_name(node: Any, name: str) -> bool:
+    """Whether ``name`` is under this tailnet's MagicDNS suffix (or, with no suffix known here,
+    under Tailscale's own ``ts.net``): a name anything else is a LAN name."""
+    text = name.strip().lower().rstrip(".")
+    suffix = await node.tailnet.suffix()
+    return text.endswith("." + (suffix or "ts.net"))
 
 
 def _ident(request: Request) -> str:
@@ -278,8 +296,13 @@ async def upgrade_now(request: Request) -> Response:
         row = node.peers.resolve(_ident(request))
     except LookupError:
         raise PairingError(404, "No pool peer with that id") from None
+    if row.peer_public_key and row.signed_seen_at:
+        # nothing to upgrade: re-running the exchange would only reopen the bearer grace on the
+        # peer's side, so the route says so and calls nobody
+        return JSONResponse(public_peer(row) | {
+            "upgraded": False, "message": f"{row.node_fqdn} already signs its requests: there is nothing to upgrade"})
     try:
-        return JSONResponse(public_peer(await node.health.upgrade(row)))
+        return JSONResponse(public_peer(await node.health.upgrade(row)) | {"upgraded": True})
     except PeerAuthError as exc:
         raise PairingError(exc.status, str(exc)) from None
 

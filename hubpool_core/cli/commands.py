@@ -39,6 +39,20 @@ UrlOption = typer.Option(None, "--url", help="The node's base URL (default: from
 JsonOption = typer.Option(False, "--json", help="Print JSON instead of text.")
 
 
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", "-V", is_eager=True,
+                                 help="Print the version of hubpool and of each installed plugin distribution."),
+) -> None:
+    # main.py answers a bare `--version` itself; this is the path for `--version` with other words
+    # after it, and puts the option in `hubpool --help`
+    if version:
+        from hubpool_core.cli.version import version_text
+
+        print(version_text())
+        raise typer.Exit(0)
+
+
 def _fail(message: str, code: int = 1) -> None:
     err.print(f"[red]error:[/red] {message}", highlight=False)
     raise typer.Exit(code)
@@ -211,3 +225,4 @@ def main() -> None:
 from hubpool_core.cli import status_commands, log_commands, pin_commands, pairing_commands  # noqa: E402,F401,I001
 from hubpool_core.cli import advice_commands  # noqa: E402,F401
 from hubpool_core.cli import bench_commands  # noqa: E402,F401
+from hubpool_core.cli import service_commands  # noqa: E402,F401

@@ -92,6 +92,8 @@ def peer_status(peer: dict[str, Any]) -> str:
         text = "identity changed"
     elif kind == "unauthorized":
         text = "credentials refused"
+    elif kind == "own_identity":
+        text = "cannot sign (own key)"
     else:
         text = str(peer.get("status") or "?")
     if peer.get("enabled") is False:
@@ -139,6 +141,48 @@ def peer_cells(peer: dict[str, Any]) -> list[str]:
     return [str(peer.get("id", ""))[:8], str(peer.get("nodeFqdn") or "-"),
             "in" if peer.get("direction") == "inbound" else "out", peer_status(peer),
             when(peer.get("lastSeenAt"), "never"), peer_queue(peer), peer_context(peer), peer_engines(peer)]
+
+
+#: the GPU pressure band (0-3) in words: the thresholds are 40/70/85 % busy (docs/gpu-pressure.md)
+BAND_WORDS = ("idle", "moderate", "busy", "saturated")
+
+
+def gpu_band(value: Any) -> str:
+    """``busy (band 2 of 3)``, or ``not reported`` — never an idle machine — when absent."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < len(BAND_WORDS):
+        return f"{BAND_WORDS[value]} (band {value} of {len(BAND_WORDS) - 1})"
+    return "not reported"
+
+
+def size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover - the loop returns
+
+
+def containers_text(value: Any) -> str:
+    """``6 running, 2 stopped · CPU 91% · memory 5.0 GiB``, or ``not reported`` when the node
+    publishes none (or it is stale): absent is never drawn as zero."""
+    if not isinstance(value, dict):
+        return "not reported"
+    return (f"{value.get('running')} running, {value.get('stopped')} stopped · CPU {value.get('cpuPercent', 0):.0f}%"
+            f" · memory {size(float(value.get('memoryBytes') or 0))}")
+
+
+def load_lines(local: dict[str, Any] | None, peers: list[dict[str, Any]]) -> list[str]:
+    """The ``Load`` section: each node's GPU pressure band and container rollup, as the node
+    publishes them (a peer's band floored by this node's own forwards to it)."""
+    rows = []
+    if local is not None:
+        rows.append(("this node", local.get("gpuPressure"), local.get("containers")))
+    rows += [(str(p.get("nodeFqdn") or "?"), p.get("gpuPressure"), p.get("containers")) for p in peers]
+    if not rows:
+        return []
+    width = max(len(r[0]) for r in rows)
+    return ["Load"] + [f"  {name:<{width}}  GPU {gpu_band(band)} · containers {containers_text(c)}"
+                       for name, band, c in rows]
 
 
 def peers_table(peers: list[dict[str, Any]], extra: Sequence[tuple[str, int]] = (),

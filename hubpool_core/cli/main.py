@@ -46,6 +46,12 @@ def main() -> None:
     for stream in (sys.stdout, sys.stderr):  # a terminal that cannot show ✓ gets '?', never a traceback
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="replace")
+    if sys.argv[1:] in (["--version"], ["-V"]):
+        # answered before typer and the plugins load: it must work even when one is broken
+        from hubpool_core.cli.version import version_text
+
+        print(version_text())
+        return
     options = serve_arguments(sys.argv[1:])
     if options is None:
         from hubpool_core.cli.commands import main as cli_main

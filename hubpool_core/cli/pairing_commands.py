@@ -14,7 +14,7 @@ from rich.table import Table
 
 from hubpool_core.cli.client import NodeError
 from hubpool_core.cli.commands import JsonOption, UrlOption, _client, _fail, app, err, out
-from hubpool_core.cli.format import peers_table, when
+from hubpool_core.cli.format import load_lines, peers_table, when
 
 P = "/api/inference/pool"
 YesOption = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation (also HUB_POOL_ASSUME_YES=1).")
@@ -102,7 +102,8 @@ def cancel_pin(url: str | None = UrlOption) -> None:
 
 
 @app.command()
-def pair(node: str = typer.Argument(..., help="The other Hub's tailnet name, or a LAN address with --pin."),
+def pair(node: str = typer.Argument(..., help="The other Hub's tailnet name, or with --pin a LAN address or "
+                                              "LAN name (hub-b.lan)."),
          pin: str | None = typer.Option(None, "--pin", help="Six digits minted on the other Hub."),
          name: str | None = typer.Option(None, "--name", help="A display label for the peer."),
          yes: bool = YesOption, url: str | None = UrlOption) -> None:
@@ -140,9 +141,12 @@ def peers(url: str | None = UrlOption,
         live = {p["id"]: p for p in _client(url).get(P + "/status").get("peers") or []}
     except NodeError:
         live = {}
-    merged = [{**r, **{k: live.get(r["id"], {}).get(k) for k in ("inFlightRequests", "probeFailure")}}
+    merged = [{**r, **{k: live.get(r["id"], {}).get(k) for k in ("inFlightRequests", "probeFailure", "gpuPressure")}}
               for r in rows]
     print("\n".join(peers_table(merged, extra=(("AUTH", 6),), extra_cells=lambda r: [r.get("authMode") or "-"])))
+    connected = [r for r in merged if r.get("status") == "connected"]
+    if connected:  # what each peer reports of its load: GPU band and containers (from /peers)
+        print("\n" + "\n".join(load_lines(None, connected)))
     waiting = [r for r in rows if r["direction"] == "inbound" and r["status"] == "pending"]
     for r in waiting:
         key = f", key fingerprint {r['peerKeyFingerprint']}" if r.get("peerKeyFingerprint") else ""
@@ -161,6 +165,9 @@ def approve(peer_id: str = typer.Argument(..., help="ID prefix, full ID or node 
     """Approve a pending inbound pairing request."""
     _confirm(f"Approve the pairing request {peer_id}? Approve only Hubs you recognise.", yes)
     row = _peer_action(peer_id, "approve", url)
+    if row.get("callbackDelivered") is False:  # the approval stands, but the requester does not know
+        err.print(row.get("message") or f"Approved {row['nodeFqdn']} here, but it could not be told.")
+        raise typer.Exit(1)
     out.print(f"Approved {row['nodeFqdn']}: {row['status']}.")
 
 
@@ -178,8 +185,11 @@ def unpair(peer_id: str = typer.Argument(..., help="ID prefix, full ID or node n
            yes: bool = YesOption, url: str | None = UrlOption) -> None:
     """Remove a peer (or cancel a request this node sent); the other Hub is told."""
     _confirm(f"Unpair {peer_id}?", yes)
-    _peer_action(peer_id, "", url, method="DELETE")
-    out.print(f"Unpaired {peer_id}.")
+    data = _peer_action(peer_id, "", url, method="DELETE")
+    if data.get("told") is False:  # done here; the other Hub still holds its half
+        out.print(data.get("message") or f"Unpaired {peer_id} here, but the other Hub could not be told.")
+    else:
+        out.print(f"Unpaired {peer_id}; the other Hub was told.")
 
 
 @app.command("peer-enable")

@@ -10,7 +10,7 @@ import typer
 
 from hubpool_core.cli.client import NodeError
 from hubpool_core.cli.commands import UrlOption, _client, _fail, app
-from hubpool_core.cli.format import counts_line, flag, labelled, peers_table, plural, table, when
+from hubpool_core.cli.format import counts_line, flag, labelled, load_lines, peers_table, plural, table, when
 from hubpool_core.cli.pairing_commands import YesOption, _call, _confirm
 
 P = "/api/inference/pool"
@@ -84,7 +84,8 @@ def _status_lines(s: dict[str, Any]) -> list[str]:
                                       f"healthPoll={flag(st.get('poolHealthPollSeconds'))}s"))
     lines.append(labelled("Routing log", counts_line(s.get("routing") or {})))
     lines += [""] + _this_node(s) + [""] + _pins(s) + [""] + _peers(s)
-    for block in (_context_caps(s), _measured_speed(s), _residency(s)):
+    for block in (load_lines(s.get("localNode"), s.get("peers") or []), _context_caps(s), _measured_speed(s),
+                  _residency(s)):
         if block:
             lines += [""] + block
     return lines
@@ -196,7 +197,7 @@ def _this_node(s: dict[str, Any]) -> list[str]:
     if ident.get("publicKeyFingerprint"):
         text = f"key fingerprint {ident['publicKeyFingerprint']}"
         if ident.get("identityError"):
-            text += f" — cannot sign: {ident['identityError']}"
+            text += f" — cannot sign: {ident['identityError']} (recover with `hubpool rotate-identity`)"
     else:
         text = f"no usable identity: {ident['identityError']}" if ident.get("identityError") else \
             "no identity yet (minted on first use)"
@@ -259,6 +260,15 @@ def _peers(s: dict[str, Any]) -> list[str]:
                          f"{plural(f.get('attempts') or 1, 'attempt')})")
             if f.get("action"):
                 lines.append("    " + str(f["action"]).replace("<peer>", name))
+    unsigned = [p for p in peers if (p.get("probeFailure") or {}).get("kind") == "own_identity"]
+    if unsigned:  # the fault is this node's own key: waiting never clears it, rotation does
+        lines += ["", "Peers this Hub cannot reach: its own pool key cannot be used"]
+        for p in unsigned:
+            f = p["probeFailure"]
+            lines.append(f"  {str(p.get('id'))[:8]} {p.get('nodeFqdn') or '?'}: since {when(f.get('since'))}, "
+                         f"{plural(f.get('attempts') or 1, 'attempt')}")
+            if f.get("action"):
+                lines.append("    " + str(f["action"]))
     return lines
 
 

@@ -26,15 +26,25 @@ async def run_checks(node: Any) -> list[dict[str, Any]]:
     elif not name:
         checks.append(_check("C1", "Tailnet name", ACTION, "Tailscale is connected but this node has no MagicDNS name",
                              "turn on MagicDNS in the Tailscale admin console (DNS), then run doctor again"))
+    elif tailnet.online is False:
+        checks.append(_check("C1", "Tailnet name", WARNING, f"{name}, but the Tailscale coordination server sees "
+                             "this node offline: peers may not find it",
+                             "check this machine's network, then `tailscale status`"))
     else:
         checks.append(_check("C1", "Tailnet name", READY, name))
+    host, port = node.env.host_port
+    serve_fix = f"tailscale serve --bg --https=443 http://{host}:{port}"
     if tailnet.serving is True:
         checks.append(_check("C2", "Published over Tailscale", READY, f"https://{name} fronts this node"))
+    elif tailnet.serving is False:
+        checks.append(_check("C2", "Published over Tailscale", ACTION,
+                             (tailnet.serve_detail or "`tailscale serve` does not publish this node")
+                             + "; peers dial https://<name>", serve_fix))
     else:
-        host, port = node.env.host_port
         checks.append(_check("C2", "Published over Tailscale", WARNING,
                              "cannot tell whether `tailscale serve` publishes this node; peers dial https://<name>",
-                             f"tailscale serve --bg --https=443 http://{host}:{port}"))
+                             serve_fix))
+    checks.append(_certs_check(tailnet, name))
     directions = node.directions()
     if directions.master.enabled:
         checks.append(_check("P1", "Pooling switched on", READY, "pooling is on"))
@@ -60,6 +70,7 @@ async def run_checks(node: Any) -> list[dict[str, Any]]:
     elif not any(c["id"] == "E1" for c in checks):
         checks.append(_check("E1", "Engines", WARNING, "no engine answers on this node; it can only forward work",
                              "set " + " or ".join(e.env_var for e in node.local.engines)))
+    checks.append(_identity_check(node, name))
     refusing = []
     for row in node.peers.all():
         failure = node.health.failures.get(row.id)
@@ -73,6 +84,11 @@ async def run_checks(node: Any) -> list[dict[str, Any]]:
     else:
         checks.append(_check("F1", "Peers accept this node", READY, "no peer refuses this node"))
     checks.append(_caps_check(node))
+    if any(d.configured() for d in node.directories):
+        await _ask_directories(node)
+        directories = _directories_check(node)
+        if directories is not None:
+            checks.append(directories)
     checks.append(_clock_check(node))
     for check_id, fn in sorted(node.plugins.doctor_checks.items()):
         try:
@@ -81,6 +97,75 @@ async def run_checks(node: Any) -> list[dict[str, Any]]:
         except Exception as exc:  # noqa: BLE001 - a plugin's check failing is itself a warning
             checks.append(_check(check_id, check_id, WARNING, f"the check raised {type(exc).__name__}: {exc}"))
     return checks
+
+
+#: the one recovery for a key that cannot be opened (spec "Failure modes")
+ROTATE_FIX = ("hubpool rotate-identity (keeps this node's UUID, seals a new key under the current node.secret and "
+              "unpairs every peer); then on each peer that still lists this node, hubpool unpair {name}, and pair "
+              "again with a PIN")
+
+
+def _identity_check(node: Any, name: str | None) -> dict[str, Any]:
+    """I1: can this node sign? A key sealed under a lost node.secret never recovers by waiting."""
+    identity = node.identity.get()
+    if identity is None:
+        return _check("I1", "Pool identity", ACTION,
+                      node.identity.error or "this node's pool identity cannot be loaded",
+                      f"check that the data directory ({node.env.data_dir}) and the database are readable by "
+                      "this node, then run doctor again")
+    if identity.signing_key is None:
+        return _check("I1", "Pool identity", ACTION,
+                      f"this node cannot sign: {node.identity.error or 'its private key cannot be opened'}",
+                      ROTATE_FIX.format(name=name or "<this node>"))
+    return _check("I1", "Pool identity", READY, f"key fingerprint {identity.fingerprint}")
+
+
+async def _ask_directories(node: Any) -> None:
+    """Ask each configured directory for the tailnet's members once, so D1 reports an API as it
+    is now rather than as it was at the last discovery or pairing (a directory that cannot
+    enumerate answers None at once)."""
+    for directory in node.directories:
+        if directory.configured():
+            try:
+                await directory.members()
+            except Exception:  # noqa: BLE001 - members() raises nothing by contract; a bug shows in D1
+                log.debug("directory %s raised from members()", directory.name, exc_info=True)
+
+
+def _certs_check(tailnet: Any, name: str | None) -> dict[str, Any]:
+    """C3: peers dial https://<name>, which needs the tailnet to issue this node a certificate."""
+    title, fix = "HTTPS certificates", "turn on HTTPS Certificates in the Tailscale admin console (DNS)"
+    if not tailnet.connected or not name:
+        return _check("C3", title, ACTION, "without a tailnet name there is no certificate to issue",
+                      "fix C1 first")
+    if tailnet.https_certs is True:
+        return _check("C3", title, READY, f"the tailnet issues a certificate for {name}")
+    if tailnet.https_certs is False:
+        return _check("C3", title, ACTION, f"the tailnet issues no certificate for {name} (HTTPS is off for the "
+                      "tailnet), so peers cannot reach https://<name>", fix)
+    return _check("C3", title, WARNING, "cannot tell whether HTTPS certificates are on for the tailnet; peers "
+                  "dial https://<name>", fix)
+
+
+def _directories_check(node: Any) -> dict[str, Any] | None:
+    """D1: a configured directory that failed (an unreachable Admin API) degrades pairing's
+    membership check to the MagicDNS suffix; the operator sees it here and in the log."""
+    problems = []
+    for directory in node.directories:
+        if not directory.configured():
+            continue
+        try:
+            problem = directory.problem()
+        except Exception as exc:  # noqa: BLE001 - a plugin bug is itself a problem to show
+            problem = f"{type(exc).__name__}: {exc}"
+        if problem:
+            problems.append(f"{directory.name}: {problem}")
+    if problems:
+        return _check("D1", "Directories", WARNING, "; ".join(problems)
+                      + " (discovery lists nothing from it and pairing checks only the tailnet's MagicDNS suffix)",
+                      "check this machine reaches the API and the credential in the environment, then run doctor "
+                      "again")
+    return None
 
 
 def _caps_check(node: Any) -> dict[str, Any]:

@@ -120,7 +120,11 @@ class Node:
         self.pairing = Pairing(self)
         self.health = HealthPoller(self)
         self.pressure = PressureSampler(self, _instances(self.plugins.pressure_sources, env, "pressure source"))
-        self.containers = ContainerSampler(self.plugins.container_stats)
+        # a registered class is built with this node's environment (its socket path, say); a
+        # plain callable is used as it stands
+        self.containers = ContainerSampler(
+            [s for s in self.plugins.container_stats if not isinstance(s, type)]
+            + _instances([s for s in self.plugins.container_stats if isinstance(s, type)], env, "container source"))
         self.heap = HeapTrimmer(lambda: self.routing_log.total_recorded)
         #: OpenTelemetry traces (hubpool_core/telemetry/tracing.py): None unless OTEL_TRACES_EXPORTER asks
         self.tracer: tracing.NodeTracer | None = None

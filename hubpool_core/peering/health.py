@@ -45,8 +45,17 @@ CLOCK_WARN_MS = 240_000
 #: a third clock within this of ours "agrees" with ours
 CLOCK_AGREE_MS = 60_000
 
+#: What the operator does about each kind. ``<peer>`` is the peer's name and ``<this node>`` this
+#: node's, both filled in when the failure is recorded, so every reader (status, doctor, the web
+#: UI) shows a command that can be pasted as it stands.
 ACTIONS = {
     "unreachable": None,  # clears on its own
+    # this node's own key cannot be used (its node.secret lost, say): nothing the peer does and no
+    # waiting fixes it; rotation is the one recovery (spec "Failure modes")
+    "own_identity": "This node's own pool key cannot be used, so no peer can be reached with it: run "
+                    "`hubpool rotate-identity` here (it keeps the node UUID, seals a new key under the current "
+                    "node.secret and unpairs every peer), then `hubpool unpair <this node>` on <peer> if it still "
+                    "lists this node, and pair again with a PIN.",
     "unauthorized": "The peer refuses this node's credentials: run `hubpool status` on it. If this node is not "
                     "listed there, re-pair (`hubpool unpair <peer>`, then pair again with a PIN); if it is, "
                     "compare the two clocks (signed requests allow 5 minutes of skew).",
@@ -56,15 +65,24 @@ ACTIONS = {
 }
 
 
+def action_for(kind: str, peer: str, this_node: str | None) -> str | None:
+    """The ``action`` text for a probe failure of ``kind``, with the names filled in."""
+    text = ACTIONS[kind]
+    if text is None:
+        return None
+    return text.replace("<peer>", peer).replace("<this node>", this_node or "<this node's tailnet name>")
+
+
 @dataclass
 class ProbeFailure:
-    kind: str  # unreachable | unauthorized | identity_changed
+    kind: str  # unreachable | unauthorized | identity_changed | own_identity
     http_status: int | None
     detail: str
     since: float
     last_attempt_at: float
     attempts: int
     next_probe_at: float | None
+    action: str | None = None
     #: the peer's clock minus this node's when it refused, and whose clock is wrong: set when
     #: the refusal is explained by the two clocks being further apart than a signature allows
     clock_skew_ms: int | None = None
@@ -77,7 +95,7 @@ class ProbeFailure:
         return {"kind": self.kind, "httpStatus": self.http_status, "detail": self.detail, "since": at(self.since),
                 "lastAttemptAt": at(self.last_attempt_at), "attempts": self.attempts,
                 "nextProbeAt": at(self.next_probe_at), "clockSkewMs": self.clock_skew_ms,
-                "action": self.clock_action or ACTIONS[self.kind]}
+                "action": self.clock_action or self.action}
 
 
 def classify(status: int | None, refusal: str | None) -> str:
@@ -187,6 +205,7 @@ class HealthPoller:
             return
         status, refusal, data, detail, engine_marked = None, None, None, "", False
         offset = getattr(self.node, "clock_offset_ms", 0)
+        no_credential = False
         try:
             sent = clock_ms(offset)
             answer = await self.node.peer_client.call(row, "GET", P + "/capabilities",
@@ -197,7 +216,7 @@ class HealthPoller:
             data = answer.json() if status == 200 else None
             detail = f"HTTP {status}"
         except PeerAuthError as exc:
-            detail = str(exc)
+            detail, no_credential = str(exc), True
         except httpx.HTTPError as exc:
             detail = f"fetch failed ({type(exc).__name__})"
         except (ValueError, RecursionError):  # a peer's nesting bomb is "not JSON", not a dead tick
@@ -205,9 +224,16 @@ class HealthPoller:
         caps = valid_capabilities(data) if status == 200 else None
         if caps is not None:
             await self._succeeded(row, caps)
-        else:
-            self._failed(row, status, refusal, detail if status != 200 else "invalid capabilities payload",
-                         engine_marked)
+            return
+        kind = classify(status, refusal)
+        identity = self.node.identity.get()
+        if (no_credential or status in (401, 403)) and identity is not None and identity.signing_key is None:
+            # nothing could be presented, or what was presented was refused, while this node's own
+            # key is unusable: the fault is here, and only rotation clears it
+            kind = "own_identity"
+            detail = f"{detail}; this node cannot sign: {self.node.identity.error or 'no pool identity'}"
+        self._failed(row, status, kind, detail if status != 200 else "invalid capabilities payload",
+                     engine_marked, action_for(kind, row.node_fqdn, await self.node.tailnet.self_fqdn()))
 
     def _note_clock(self, peer_id: str, stated: str | None, sent_ms: int, received_ms: int) -> None:
         """The peer's clock against this node's, from the time it stated mid-answer."""
@@ -258,14 +284,13 @@ class HealthPoller:
         if row is not None:
             await self.reconcile(row, caps)
 
-    def _failed(self, row: PoolPeer, status: int | None, refusal: str | None, detail: str,
-                engine_marked: bool) -> None:
+    def _failed(self, row: PoolPeer, status: int | None, kind: str, detail: str,
+                engine_marked: bool, action: str | None) -> None:
         now = time.time()
-        kind = classify(status, refusal)
         prev = self.failures.get(row.id)
         attempts = (prev.attempts + 1) if prev and prev.kind == kind else 1
         next_at = None
-        if kind != "unreachable":  # refusals back off from two polls to at most 15 minutes
+        if kind in ("unauthorized", "identity_changed"):  # refusals back off from two polls to at most 15 minutes
             next_at = now + min(MAX_BACKOFF_S, self.poll_s * 2 ** min(attempts, 20))
         skew = self.clocks.get(row.id)
         clock_action = None
@@ -273,9 +298,9 @@ class HealthPoller:
             # refused for its timestamp: the operator is told whose clock to fix, not to re-pair
             clock_action = self.clock_verdict(row.id)
             detail = f"{detail}: the clocks are {abs(skew) / 1000:.0f} s apart"
-        self.failures[row.id] = ProbeFailure(kind, status, detail[:200], prev.since if prev and prev.kind == kind
-                                             else now, now, attempts, next_at, skew if clock_action else None,
-                                             clock_action)
+        self.failures[row.id] = ProbeFailure(kind, status, detail[:300], prev.since if prev and prev.kind == kind
+                                             else now, now, attempts, next_at, action,
+                                             skew if clock_action else None, clock_action)
         strikes = row.consecutive_failures + 1
         changes: dict[str, Any] = {"consecutive_failures": strikes}
         if strikes >= UNREACHABLE_THRESHOLD or kind == "identity_changed":

@@ -204,6 +204,21 @@ class IdentityStore:
         identity = self.get()
         return identity.fingerprint if identity is not None else None
 
+    def check_rotatable(self) -> None:
+        """Raise when :meth:`rotate` could not complete, before anything is changed.
+
+        Rotation is destructive in two phases (every peer is told and its row deleted, then the
+        key is replaced), so the caller asks first: the identity row must be readable and the
+        node secret readable or, when the file is missing (the recovery case), creatable. A
+        corrupt secret file or an unreadable store raises here, and the caller answers 503 with
+        every pairing still in place instead of an outage plus a key that was never replaced.
+        """
+        with self._lock:
+            self._node_secret(create=True)
+            with self.db.engine.connect() as conn:
+                if _identity_row(conn) is None:
+                    raise LookupError("This node has no pool identity to rotate")
+
     def rotate(self) -> Keypair:
         """Replace the keypair, keep the UUID, stamp ``rotated_at``; returns the new keypair.
 

@@ -17,6 +17,7 @@ import httpx
 
 from hubpool_core.peering.addresses import AddressRefused, candidate_urls, parse_address, resolve_checked
 from hubpool_core.peering.client import HANDSHAKE_TIMEOUT_S, PeerAuthError
+from hubpool_core.peering.pairing_pin import PIN_SHAPE_MESSAGE, is_pin_shape
 from hubpool_core.peering.peers import (
     MAX_PENDING_INBOUND_REQUESTS,
     new_token,
@@ -116,8 +117,8 @@ class Pairing:
         if display is not None and (not isinstance(display, str) or not display):
             raise PairingError(400, "fromDisplayName must be a non-empty string when given")
         pin = body.get("pin")
-        if pin is not None and (not isinstance(pin, str) or len(pin) != 6 or not pin.isdigit()):
-            raise PairingError(400, "pin must be six digits")
+        if pin is not None and not is_pin_shape(pin):
+            raise PairingError(400, PIN_SHAPE_MESSAGE)  # no strike, no try spent: it was never a guess
         claim = None
         if pin is not None:
             self._consume_pin(pin, fqdn, source_ip)  # consumed before anything else (protocol §8.7)
@@ -301,10 +302,13 @@ class Pairing:
         data = _json(answer)
         if answer.status_code >= 400:
             reason = data.get("error") if isinstance(data, dict) else None
-            if pin is not None and answer.status_code == 401:
-                log.warning("%s refused the pairing PIN (%s)", base_url, answer.status_code)
+            if pin is not None and answer.status_code in (401, 403):
+                # protocol §2f: a 401 or a 403 to a PIN request reads the same to the operator; a
+                # reason other than the PIN's own is added, so a 403 (outside its tailnet, say) is not lost
+                log.warning("%s refused the pairing PIN (%s): %s", base_url, answer.status_code, reason)
+                said = f" The other Hub said: {reason}" if reason and reason != PIN_REFUSED else ""
                 raise PairingError(400, f"Peer refused the pairing PIN ({answer.status_code}). Mint a fresh one "
-                                        "on that Hub — a PIN is single-use and expires.")
+                                        f"on that Hub — a PIN is single-use and expires.{said}")
             log.warning("%s declined the pairing request (%s): %s", base_url, answer.status_code, reason)
             raise PairingError(502 if answer.status_code >= 500 and answer.status_code != 503 else 400,
                                f"The other Hub declined the pairing request ({answer.status_code}): "
@@ -313,6 +317,12 @@ class Pairing:
 
     async def approve(self, ident: str) -> dict[str, Any]:
         row = self._resolve(ident)
+        if row.direction == "outbound" and row.status == "pending":
+            # the requester never approves: the Hub that received the request does
+            own = await self.node.tailnet.self_fqdn()
+            raise PairingError(409, f"This Hub sent the request to {row.node_fqdn}, so it is approved there: on "
+                                    f"{row.node_fqdn}, run `hubpool approve {own or '<this Hub name>'}` (or "
+                                    "Approve under Pending requests)")
         if row.direction != "inbound" or row.status != "pending":
             raise PairingError(409, f"{row.node_fqdn} is not a pending inbound request")
         token = new_token()
@@ -336,7 +346,14 @@ class Pairing:
         except (httpx.HTTPError, RuntimeError, PeerAuthError) as exc:
             detail = f"{type(exc).__name__}" if isinstance(exc, httpx.HTTPError) else str(exc)
             log.warning("pairing confirmed locally but callback to %s failed: %s", row.node_fqdn, detail)
-        return public_peer(self.repo.by_id(row.id))
+            # the approval stands (protocol §2d), but the operator must not read it as connected
+            return public_peer(self.repo.by_id(row.id)) | {
+                "callbackDelivered": False,
+                "message": f"Approved here, but {row.node_fqdn} could not be told ({detail}): it still lists its "
+                           "request as pending, so the two Hubs are half paired. Make sure each Hub reaches the "
+                           "other over HTTPS (`hubpool doctor` on both), then unpair it here, cancel the request "
+                           "there, and pair again."}
+        return public_peer(self.repo.by_id(row.id)) | {"callbackDelivered": True, "message": None}
 
     async def reject(self, ident: str) -> dict[str, Any]:
         row = self._resolve(ident)
@@ -347,10 +364,24 @@ class Pairing:
         return {"success": True}
 
     async def unpair(self, ident: str) -> dict[str, Any]:
+        """Delete this node's row and tell the other node; the answer says whether it was told."""
         row = self._resolve(ident)
         self.repo.delete(row.id)
-        await self._notify(row, "/pair/unpair")
-        return {"success": True}
+        own = await self.node.tailnet.self_fqdn() or "<this Hub name>"
+        if row.direction == "outbound" and row.status == "pending" and not row.peer_public_key:
+            # a request sent without a PIN: the other node holds no key for this one and has issued
+            # it no token yet, so nothing could authenticate a withdrawal there (docs/pairing.md)
+            return {"success": True, "told": False,
+                    "message": f"Cancelled here. {row.node_fqdn} was not told: a request sent without a PIN "
+                               "carries no credential to withdraw it with, so it stays pending there until an "
+                               f"operator on {row.node_fqdn} rejects it (`hubpool reject {own}`) or it "
+                               "expires after 24 hours."}
+        told = await self._notify(row, "/pair/unpair")
+        if told:
+            return {"success": True, "told": True, "message": None}
+        return {"success": True, "told": False,
+                "message": f"Removed here, but {row.node_fqdn} could not be told: it still lists this Hub until "
+                           f"you run `hubpool unpair {own}` on {row.node_fqdn}."}
 
     async def _notify(self, row: PoolPeer, route: str) -> bool:
         """Best-effort, authenticated: the other side drops its half at once."""
@@ -369,13 +400,24 @@ class Pairing:
         return public_peer(self.repo.update(row.id, enabled=enabled))
 
     async def rotate(self) -> dict[str, Any]:
-        """New keypair, same UUID; every peer is told (signed with the old key) and unpaired."""
+        """New keypair, same UUID; every peer is told (signed with the old key) and unpaired.
+
+        Checked first, changed after: an identity that cannot load (or a node secret that cannot
+        be read) answers 503 with every pairing untouched, because the unpair calls and the row
+        deletion cannot be undone and a rotation that then fails would leave the node unpaired
+        with its old, broken key."""
+        if self.node.identity.get() is None:
+            raise PairingError(503, f"This node's pool identity cannot be loaded: {self.node.identity.error}. "
+                                    "Nothing was changed: every pairing is still in place.")
+        try:
+            await asyncio.to_thread(self.node.identity.check_rotatable)
+        except Exception as exc:  # noqa: BLE001 - any reason the rotation could not finish refuses it whole
+            raise PairingError(503, f"This node's pool key cannot be rotated: {exc or type(exc).__name__}. "
+                                    "Nothing was changed: every pairing is still in place.") from None
         rows = self.repo.all()
         told = await asyncio.gather(*(self._notify(r, "/pair/unpair") for r in rows))
         unreachable = [r.node_fqdn for r, ok in zip(rows, told, strict=True) if not ok]
         self.repo.delete_all()
-        if self.node.identity.get() is None:
-            raise PairingError(503, f"This node's pool identity cannot be loaded: {self.node.identity.error}")
         keypair = self.node.identity.rotate()
         return {"nodeUuid": keypair.node_uuid, "publicKeyFingerprint": keypair.fingerprint,
                 "unpaired": [r.node_fqdn for r in rows], "unreachable": unreachable}

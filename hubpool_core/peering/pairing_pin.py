@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 import threading
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ __all__ = [
     "PairingPin",
     "SourceCooldown",
     "check_pairing_pin",
+    "is_pin_shape",
     "iso_from_ms",
     "source_keys",
 ]
@@ -53,6 +55,18 @@ PAIRING_PIN_MAX_ATTEMPTS = 5
 PIN_FAILURE_MESSAGE = "Invalid or expired pairing PIN"
 #: The 429 text for a cooling source (§2f).
 PIN_COOLDOWN_MESSAGE = "Too many failed pairing attempts from this source; try again shortly"
+
+#: The wire shape of a PIN: exactly six ASCII digits (protocol §2d ``/^\d{6}$/``, where JavaScript's
+#: ``\d`` is ASCII only). ``str.isdigit`` would also take "١٢٣٤٥٦" or "１２３４５６", which can never
+#: match a minted PIN but would strike the cooldown and spend one of the PIN's five tries.
+PIN_SHAPE = re.compile(r"[0-9]{6}")
+PIN_SHAPE_MESSAGE = "pin must be exactly six ASCII digits (0-9)"
+
+
+def is_pin_shape(value: object) -> bool:
+    """True for a string of exactly six ASCII digits, the only PIN a node judges."""
+    return isinstance(value, str) and PIN_SHAPE.fullmatch(value) is not None
+
 
 # The reference reuses its ServingQuarantine limiter with these constants (§2f).
 #: Strikes inside the window before a source is first withheld.

@@ -17,6 +17,10 @@ NOT_CONNECTED = TailnetStatus(connected=False, error="no directory plugin report
 class Tailnet:
     def __init__(self, directories: list[Directory]):
         self.directories = directories
+        for directory in directories:
+            # a directory that asks a remote API about "this tailnet" names the one the local
+            # daemon reports (the Admin API's `-` would be the credential's default tailnet)
+            directory.local_tailnet = self.status
 
     async def status(self) -> TailnetStatus:
         """The first directory that knows wins; plugins cache (the daemon's for 30 s)."""

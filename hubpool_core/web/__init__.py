@@ -4,6 +4,7 @@ node's own operator JSON routes, read by a little JavaScript with the session co
 
 - ``routes.py``: the UI's own routes; only the landing and sign-in pages answer without a
   session.
+- ``setting_words.py``: every pool setting's label and help, as the settings form shows them.
 - ``templates/``: the Jinja2 page shells; ``static/``: their CSS and plain JavaScript.
 """
 

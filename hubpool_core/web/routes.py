@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import json
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 from urllib.parse import parse_qs
@@ -12,10 +14,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from hubpool_core import __version__
+from hubpool_core.access.guards import operator_refusal
 from hubpool_core.access.sessions import CSRF_FIELD, SESSION_SECONDS, Session, cookie_header, csrf_ok, store_for
 from hubpool_core.api import operator
 from hubpool_core.config import NOT_PATCHABLE, PREFERENCE_KEYS, PoolSettings, describe_range
 from hubpool_core.telemetry.annotations import annotations as row_notes
+from hubpool_core.telemetry.charts import WINDOWS, chart_series, window_bounds
+from hubpool_core.web.setting_words import SETTING_WORDS
 
 HERE = Path(__file__).parent
 STATIC_DIR = HERE / "static"
@@ -146,7 +151,9 @@ def settings_schema() -> list[dict[str, Any]]:
             lo = getattr(meta, "ge", lo)
             hi = getattr(meta, "le", hi)
         kind = "bool" if field.annotation is bool else ("text" if key == "inferenceModel" else "int")
-        out.append({"key": key, "kind": kind, "min": lo, "max": hi, "nullable": field.default is None,
+        label, words = SETTING_WORDS.get(key, (key, ""))
+        out.append({"key": key, "label": label, "words": words,
+                    "kind": kind, "min": lo, "max": hi, "nullable": field.default is None,
                     "range": describe_range(key) if kind != "text" else "a model id, or empty for none",
                     "via": "preferences" if key in PREFERENCE_KEYS else "settings",
                     "patchable": key not in NOT_PATCHABLE or key in PREFERENCE_KEYS,
@@ -183,6 +190,42 @@ async def routing_log_with_notes(request: Request) -> Response:
     return JSONResponse(data)
 
 
+async def routing_log_charts(request: Request) -> Response:
+    """The Hub Pool page's charts: per-minute series folded from routing-log rows.
+
+    ``window=hour`` (the default) reads the in-memory ring. ``window=day``, or ``source=history``,
+    reads the persisted routing history: the node offers it as ``node.routing_history``, an object
+    with ``rows_since(datetime) -> iterable of rows`` in the ring's wire shape. Until a node has
+    one, the answer is 409 saying how to turn it on; the page then offers the last hour only."""
+    node = request.app.state.node
+    refused = operator_refusal(request.method, request.url.path, dict(request.headers.items()), node.keys)
+    if isinstance(refused, tuple):
+        return JSONResponse(refused[1], status_code=refused[0])
+    window = request.query_params.get("window", "hour")
+    if window not in WINDOWS:
+        return JSONResponse({"error": f"window must be one of {', '.join(WINDOWS)}"}, status_code=400)
+    source = request.query_params.get("source", "ring" if window == "hour" else "history")
+    if source not in ("ring", "history"):
+        return JSONResponse({"error": "source must be ring or history"}, status_code=400)
+    now = time.time()
+    history = getattr(node, "routing_history", None)
+    if source == "history":
+        if history is None or not hasattr(history, "rows_since"):
+            return JSONResponse({"error": "the routing history is off on this node, so only the last hour (from "
+                                          "the in-memory routing log) can be charted; turn it on with "
+                                          "HUB_POOL_HISTORY", "historyAvailable": False}, status_code=409)
+        rows = history.rows_since(datetime.fromtimestamp(window_bounds(now, window)[0], UTC))
+    else:
+        rows = node.routing_log.entries()
+    data = chart_series(rows, now, window)
+    log = node.routing_log
+    data.update(source=source, historyAvailable=history is not None,
+                # the ring holds the whole window unless it has already let rows go
+                complete=source == "history" or log.total_recorded <= log.capacity or data["reachesBack"],
+                capacity=log.capacity)
+    return JSONResponse(data)
+
+
 def build_router() -> APIRouter:
     """The UI's own routes (the operator JSON routes it reads live in hubpool_core.api)."""
     r = APIRouter()
@@ -193,4 +236,5 @@ def build_router() -> APIRouter:
     r.add_api_route("/ui", home, methods=["GET"], include_in_schema=False)
     r.add_api_route("/ui/pool", pool_page, methods=["GET"], include_in_schema=False)
     r.add_api_route(P + "/routing-log/annotated", routing_log_with_notes, methods=["GET"], include_in_schema=False)
+    r.add_api_route(P + "/routing-log/charts", routing_log_charts, methods=["GET"], include_in_schema=False)
     return r

@@ -184,7 +184,23 @@ def test_f10_processes_sigterm_and_sigkill_with_peers_lagging_30_and_290_s(tmp_p
             return signing.sign_headers(kp, "GET", P + "/capabilities", kp.node_uuid, fqdn(name), b_uuid, None,
                                         now_ms=signing._now_ms() - LAGS_MS[name])  # noqa: SLF001
 
+        def back_in_view(when: str) -> None:
+            """A killed node's peers may have polled it while it was down (unreachable, no
+            back-off: the sampler checks that); within three 1 s polls of its restart each
+            reads it connected and offering the model again."""
+            deadline = time.monotonic() + 3.5
+            while True:
+                views = {name: next(p for p in node.op("GET", "/status")["peers"] if p["nodeFqdn"] == fqdn("hub-b"))
+                         for name, node in (("hub-a", a), ("hub-c", c))}
+                if all(v["status"] == "connected" and any(
+                        be.get("healthy") and MODEL in (be.get("modelsLoaded") or [])
+                        for be in (v.get("lastCapabilities") or {}).get("backends") or []) for v in views.values()):
+                    return
+                assert time.monotonic() < deadline, (when, {n: (v["status"], v["probeFailure"]) for n, v in views.items()})
+                time.sleep(0.1)
+
         def served_by_b(when: str) -> int:
+            back_in_view(when)
             with httpx.Client(timeout=15, trust_env=False) as client:
                 for name, node in (("hub-a", a), ("hub-c", c)):
                     for i in range(3):

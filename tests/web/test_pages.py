@@ -72,7 +72,7 @@ def test_the_pool_page_names_the_switch_and_writes_settings_and_pins(browser, tm
         assert "Not routing" in line.inner_text()
 
         # master off through the settings form, then the page's own fix turns it back on
-        page.get_by_label("poolEnabled", exact=True).uncheck()
+        page.get_by_label("Hub Pool on", exact=True).uncheck()
         page.get_by_role("button", name="Save settings").click()
         page.get_by_text("the Hub Pool switch (poolEnabled) is off").wait_for()
         assert n.node.settings.current.poolEnabled is False
@@ -81,13 +81,13 @@ def test_the_pool_page_names_the_switch_and_writes_settings_and_pins(browser, tm
         assert n.node.settings.current.poolEnabled is True
 
         # out of range: the node's refusal, with the range, and nothing written
-        page.get_by_label("poolHealthPollSeconds").fill("5")
+        page.get_by_label("Check on peers every (seconds)").fill("5")
         page.get_by_role("button", name="Save settings").click()
         error = page.locator("#settings-result.error")
         error.wait_for()
         assert "10–300" in error.inner_text() and n.node.settings.current.poolHealthPollSeconds == 30
-        page.get_by_label("poolHealthPollSeconds").fill("45")
-        page.get_by_label("maxNumCtx").fill("8192")
+        page.get_by_label("Check on peers every (seconds)").fill("45")
+        page.get_by_label("Context window cap (tokens)").fill("8192")
         page.get_by_role("button", name="Save settings").click()
         page.get_by_text("Saved.").wait_for()
         assert n.node.settings.current.poolHealthPollSeconds == 45 and n.node.settings.current.maxNumCtx == 8192
@@ -242,3 +242,66 @@ def test_a_hub_that_needs_you_gets_an_unpair_button_and_an_unreachable_one_does_
     note = page.locator("#peer-list .note-row")
     note.get_by_text("rejoins by itself").wait_for()
     assert page.get_by_role("button", name=f"Unpair {fqdn('hub-c')}").is_visible()  # unpairing stays possible
+
+
+def test_the_pin_card_compares_with_the_requesting_hubs_card(browser, tmp_path):
+    nodes = make_pool(tmp_path, ["hub-a", "hub-b"])
+    with nodes["hub-a"] as a, nodes["hub-b"] as b:
+        pin = op(b, "POST", "/pairing-pin")["pin"]
+        op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn("hub-b"), "pin": pin})
+        page = new_page(browser)
+        sign_in(page, b)
+        page.goto(b.url + "/ui/pool")
+        card = page.locator("#pairing-pin")
+        text = " ".join(card.inner_text().split())
+        # spec "Approve on the other Hub": the request's fingerprint is compared with the requesting Hub's card
+        assert "the one the request shows on this Hub" not in text
+        assert "compare its fingerprint with the Pairing PIN card of the Hub that sent it" in text
+        request = page.locator(f'[data-pending="{fqdn("hub-a")}"]')
+        request.get_by_text("compare it with the Pairing PIN card on hub-a").wait_for()
+        assert op(a, "GET", "/status")["localNode"]["identity"]["publicKeyFingerprint"] in request.inner_text()
+
+
+def test_a_hub_that_cannot_sign_says_to_rotate_its_identity(browser, tmp_path):
+    nodes = make_pool(tmp_path, ["hub-a", "hub-b"])
+    a, b = nodes["hub-a"].start(), nodes["hub-b"].start()
+    try:
+        pair(a, b)
+        for n in (a, b, a):
+            n.run(n.node.health.poll_once())
+        a.node.identity.secret_path.unlink()  # node.secret lost: the stored key cannot be opened
+        a = a.restarted()
+        a.run(a.node.health.poll_once())
+        page = new_page(browser)
+        sign_in(page, a)
+        page.goto(a.url + "/ui/pool")
+        row = page.locator(f'#peer-list tr[data-peer="{fqdn("hub-b")}"]')
+        row.get_by_text("This Hub cannot sign").wait_for()
+        note = page.locator("#peer-list .note-row")
+        assert "hubpool rotate-identity" in note.inner_text() and "rejoins by itself" not in note.inner_text()
+        own = page.get_by_test_id("identity-error")
+        assert "This Hub cannot sign" in own.inner_text() and "hubpool rotate-identity" in own.inner_text()
+        # the guide says the same, and offers no Unpair button: unpairing one Hub would not help
+        page.get_by_role("button", name="Add Hubs").click()
+        guide = page.get_by_role("dialog", name="Set up Hub Pool")
+        guide.get_by_role("button", name="Your Hubs").click()
+        card = guide.locator(f'[data-connected="{fqdn("hub-b")}"]')
+        card.get_by_text("hubpool rotate-identity").wait_for()
+        assert card.get_by_role("button").count() == 0
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_the_pool_page_says_when_the_other_hub_was_not_told(browser, tmp_path):
+    nodes = make_pool(tmp_path, ["hub-a", "hub-b"])
+    with nodes["hub-a"] as a, nodes["hub-b"] as b:
+        op(a, "POST", "/peers/pair", {"nodeFqdn": fqdn("hub-b")})  # no PIN: it cannot be withdrawn there
+        page = new_page(browser)
+        sign_in(page, a)
+        page.goto(a.url + "/ui/pool")
+        page.get_by_role("button", name=f"Cancel the request to {fqdn('hub-b')}").click()
+        notice = page.locator("#page-notice")
+        notice.get_by_text(f"{fqdn('hub-b')} was not told").wait_for()
+        assert "stays pending there" in notice.inner_text()
+        assert a.node.peers.all() == [] and b.node.peers.by_fqdn(fqdn("hub-a")).status == "pending"

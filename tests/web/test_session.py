@@ -124,7 +124,7 @@ def test_sign_in_and_out_in_a_browser(browser, node):
     assert len(cookies) == 1 and cookies[0]["httpOnly"] and cookies[0]["sameSite"] == "Strict"
     # the page's own write (with its token) works from the browser
     page.goto(node.url + "/ui/pool")
-    page.get_by_label("poolLocalAffinity").fill("3")
+    page.get_by_label("Head start for this node (queued requests)").fill("3")
     page.get_by_role("button", name="Save settings").click()
     page.get_by_text("Saved.").wait_for()
     assert node.node.settings.current.poolLocalAffinity == 3

@@ -72,7 +72,8 @@ const HP = (() => {
   function tier(t) { return TIERS[t] || (t ? t : "Tier unknown"); }
 
   const STATUS_WORDS = { connected: "Connected", pending: "Pending", unreachable: "Unreachable",
-                         identity_changed: "Identity changed", unauthorized: "Credentials refused" };
+                         identity_changed: "Identity changed", unauthorized: "Credentials refused",
+                         own_identity: "This Hub cannot sign" };
 
   // a request shows the requester's tailnet name (spec); a display name is only its own claim
   function peerName(p) { return p.displayName && p.displayName !== p.nodeFqdn && p.displayName !== shortName(p.nodeFqdn)

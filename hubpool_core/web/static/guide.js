@@ -66,13 +66,19 @@ const Guide = (() => {
     } else if (!n.nodeFqdn) {
       checks.push({ title: "Tailscale is connected", verdict: V.ACTION, detail: "Tailscale is connected but this Hub has no tailnet name. Turn on MagicDNS for the tailnet.",
         fix: { label: "Open Tailscale DNS settings", href: "https://login.tailscale.com/admin/dns" } });
+    } else if (c1.verdict === "warning") {  // named, but the coordination server sees it offline
+      checks.push({ title: "Tailscale is connected", verdict: V.WARN, detail: "Tailnet name " + c1.detail + "." });
     } else {
       checks.push({ title: "Tailscale is connected", verdict: V.READY, detail: "Tailnet name " + n.nodeFqdn });
     }
-    checks.push(n.nodeFqdn
-      ? { title: "HTTPS certificates", verdict: V.WARN, detail: "This Hub cannot read whether HTTPS certificates are on for the tailnet. Hubs reach each other at https://<name>; check that HTTPS is on in the Tailscale admin console (DNS).",
-          fix: { label: "Open Tailscale DNS settings", href: "https://login.tailscale.com/admin/dns" } }
-      : { title: "HTTPS certificates", verdict: V.ACTION, detail: "Without a tailnet name there is no certificate to issue.",
+    // doctor's C3 reads the daemon's CertDomains: ready, needs action (HTTPS off), or a warning
+    // only when the daemon cannot say
+    const c3 = byId.C3 || {};
+    checks.push(c3.verdict === "ready"
+      ? { title: "HTTPS certificates", verdict: V.READY, detail: capital(c3.detail) + "." }
+      : { title: "HTTPS certificates", verdict: c3.verdict === "needs action" || !n.nodeFqdn ? V.ACTION : V.WARN,
+          detail: capital(c3.detail || "cannot tell whether HTTPS certificates are on for the tailnet") +
+            ". Hubs reach each other at https://<name>; HTTPS is turned on in the Tailscale admin console (DNS).",
           fix: { label: "Open Tailscale DNS settings", href: "https://login.tailscale.com/admin/dns" } });
     checks.push(c2.verdict === "ready"
       ? { title: "Tailscale publishes this Hub", verdict: V.READY, detail: c2.detail }
@@ -277,6 +283,7 @@ const Guide = (() => {
     const f = p.probeFailure;
     if (f && f.kind === "identity_changed") return "It no longer recognizes this Hub's identity. Unpair it, then pair again with a PIN.";
     if (f && f.kind === "unauthorized") return "It refuses this Hub's credentials. Unpair it, then pair again with a PIN.";
+    if (f && f.kind === "own_identity") return "This Hub's own pool key cannot be used. Run hubpool rotate-identity here, then pair again with a PIN.";
     if (p.direction === "inbound" && p.status === "unreachable" && !p.lastSeenAt)
       return "It never received your approval. Make sure each Hub reaches the other over HTTPS, then unpair and pair again.";
     return null;
@@ -348,7 +355,9 @@ const Guide = (() => {
           h("div", { class: "small" }, (peerEngines(p).join(", ") || "no engine running") + " · " + models.length + (models.length === 1 ? " model" : " models")),
           need ? h("p", { class: "needs" }, need) : (p.status === "unreachable" || p.probeFailure
             ? h("p", { class: "small muted" }, "It is not answering. It rejoins by itself on the next health check that works.") : null)),
-        need ? button("Unpair", (ev) => approveAct(ev, () => api("DELETE", "/peers/" + p.id)), "small danger", { "aria-label": "Unpair " + shortName(p.nodeFqdn) }) : null);
+        // unpairing one Hub does not help a Hub whose own key is unusable: rotation (named in the text) does
+        need && !(p.probeFailure && p.probeFailure.kind === "own_identity")
+          ? button("Unpair", (ev) => approveAct(ev, () => api("DELETE", "/peers/" + p.id)), "small danger", { "aria-label": "Unpair " + shortName(p.nodeFqdn) }) : null);
     }), "No Hub is connected yet."));
     if (g.timedOut) parts.push(h("p", { class: "warn-text" }, "Stopped reading after 10 minutes."));
     if (g.approveError) parts.push(errorBox(g.approveError));

@@ -15,9 +15,21 @@
     box.textContent = e.message || String(e);
   }
 
+  // what an action did but could not finish on the other Hub (not told, half paired): it stays
+  // until the next action, unlike an error, which the next status read clears
+  function showNotice(text) {
+    const box = $("page-notice");
+    box.hidden = !text;
+    box.textContent = text || "";
+  }
+
   async function act(button, fn, after) {
     if (button) button.disabled = true;
-    try { await fn(); showError(null); } catch (e) { showError(e); }
+    try {
+      const r = await fn();
+      showError(null);
+      showNotice(r && (r.told === false || r.callbackDelivered === false) ? r.message : null);
+    } catch (e) { showError(e); }
     finally { if (button) button.disabled = false; }
     await (after || refreshStatus)();
   }
@@ -33,6 +45,22 @@
     }).join("; ");
   }
 
+  // GPU pressure band 0-3 and the container rollup; absent reads "not reported", never idle or zero
+  const BAND_WORDS = ["Idle", "Moderate", "Busy", "Saturated"];
+  function gpuBand(band) {
+    return Number.isInteger(band) && band >= 0 && band <= 3 ? BAND_WORDS[band] + " (band " + band + " of 3)" : "Not reported";
+  }
+  function bytes(n) {
+    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let i = 0;
+    while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+    return (i ? n.toFixed(1) : String(Math.round(n))) + " " + units[i];
+  }
+  function containers(c) {
+    if (!c) return "Not reported";
+    return c.running + " running, " + c.stopped + " stopped · CPU " + Math.round(c.cpuPercent) + "% · memory " + bytes(c.memoryBytes);
+  }
+
   function renderNode(s) {
     const n = s.localNode, id = n.identity || {};
     const rows = [
@@ -45,7 +73,15 @@
       ["Context cap", n.maxNumCtx ? n.maxNumCtx + " tokens" : "not stated"],
       ["Slots", n.ollamaSlots ? String(n.ollamaSlots) : "not stated"],
       ["Measured speed", speed(n.throughput)],
+      ["GPU pressure", gpuBand(n.gpuPressure)],
+      ["Containers", containers(n.containers)],
     ];
+    if (id.publicKeyFingerprint && id.identityError) {
+      // a key that cannot be opened never recovers by waiting; rotation is the one way back (spec)
+      rows.splice(2, 0, ["Pool key", h("span", { class: "needs", "data-testid": "identity-error" },
+        "This Hub cannot sign: " + id.identityError + ". Run ", h("code", {}, "hubpool rotate-identity"),
+        " here (it keeps the node ID and unpairs every Hub), remove this Hub on each paired Hub, then pair again with a PIN.")]);
+    }
     fill($("node-kv"), rows.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
     const all = n.backends || [];
     const up = all.filter((b) => b.healthy), down = all.filter((b) => !b.healthy);
@@ -73,7 +109,7 @@
     const rows = (s.peers || []).filter((p) => p.status !== "pending");
     if (!rows.length) { fill($("peer-list"), h("p", { class: "muted" }, "No Hub is paired yet.")); return; }
     const table = h("table", { class: "table stacked" },
-      h("thead", {}, h("tr", {}, ["Hub", "Status", "Last seen", "Queue", "Tier", "Engines", "Models", ""].map((c) => h("th", { scope: "col" }, c)))),
+      h("thead", {}, h("tr", {}, ["Hub", "Status", "Last seen", "Queue", "GPU", "Containers", "Tier", "Engines", "Models", ""].map((c) => h("th", { scope: "col" }, c)))),
       h("tbody", {}, rows.map((p) => {
         const kind = p.probeFailure ? p.probeFailure.kind : p.status;
         const note = failureNote(p);
@@ -91,11 +127,13 @@
               p.enabled ? null : HP.chip("Disabled", "warn")),
             h("td", { "data-label": "Last seen" }, ago(p.lastSeenAt)),
             h("td", { "data-label": "Queue" }, String(p.inFlightRequests || 0)),
+            h("td", { "data-label": "GPU" }, gpuBand(p.gpuPressure)),
+            h("td", { "data-label": "Containers" }, containers(p.containers)),
             h("td", { "data-label": "Tier" }, tier((p.lastCapabilities || {}).hardwareTier)),
             h("td", { "data-label": "Engines" }, peerEngines(p).join(", ") || "none running"),
             h("td", { "data-label": "Models" }, models.length ? models.join(", ") : "none"),
             h("td", { class: "actions" }, toggle, " ", unpair)),
-          note ? h("tr", { class: "note-row" }, h("td", { colspan: 8 },
+          note ? h("tr", { class: "note-row" }, h("td", { colspan: 10 },
             h("span", { class: note.unpair ? "needs" : "muted" }, "↳ " + note.text))) : null,
         ];
       }).flat()));
@@ -110,7 +148,8 @@
         return h("li", { "data-pending": p.nodeFqdn },
           h("div", {}, h("strong", {}, peerName(p)), " wants to join your pool",
             h("div", { class: "small" }, p.peerKeyFingerprint ? "Key fingerprint " : "No PIN was used, so the name is only a claim",
-              p.peerKeyFingerprint ? h("code", {}, p.peerKeyFingerprint) : null)),
+              p.peerKeyFingerprint ? h("code", {}, p.peerKeyFingerprint) : null,
+              p.peerKeyFingerprint ? ": compare it with the Pairing PIN card on " + shortName(p.nodeFqdn) + " before approving" : null)),
           h("div", { class: "row" },
             h("button", { class: "btn primary small", type: "button", "aria-label": "Approve " + peerName(p),
               onclick: (ev) => act(ev.target, () => api("POST", "/peers/" + p.id + "/approve")) }, "Approve"),
@@ -160,17 +199,22 @@
   function buildSettings() {
     const form = $("settings-form");
     fill(form, schema.filter((f) => f.patchable).map((f) => {
+      // labelled in words, with the help under it; the key (what `hubpool settings` and the API
+      // take) stays in the range line for whoever scripts it
       const id = "set-" + f.key;
-      const hint = h("span", { class: "range", id: id + "-range" }, "Range: " + f.range);
+      const words = h("span", { class: "words", id: id + "-words" }, f.words);
+      const hint = h("span", { class: "range", id: id + "-range" },
+        (f.kind === "bool" ? "" : "Range: " + f.range + " · ") + "setting ", h("code", {}, f.key));
+      const described = id + "-words " + id + "-range";
       if (f.kind === "bool") {
         return h("div", { class: "field check" },
-          h("input", { type: "checkbox", id, name: f.key, "aria-describedby": id + "-range" }),
-          h("label", { for: id }, f.key), hint);
+          h("input", { type: "checkbox", id, name: f.key, "aria-describedby": described }),
+          h("label", { for: id }, f.label), words, hint);
       }
-      return h("div", { class: "field" }, h("label", { for: id }, f.key),
+      return h("div", { class: "field" }, h("label", { for: id }, f.label), words,
         h("input", { id, name: f.key, type: f.kind === "int" ? "number" : "text", min: f.min, max: f.max,
           inputmode: f.kind === "int" ? "numeric" : null, placeholder: f.nullable ? "not set" : null,
-          "aria-describedby": id + "-range" }), hint);
+          "aria-describedby": described }), hint);
     }), h("div", { class: "row" }, h("button", { type: "submit", class: "btn primary" }, "Save settings")));
     form.addEventListener("input", () => { form.dataset.dirty = "1"; });
     form.addEventListener("submit", async (ev) => {

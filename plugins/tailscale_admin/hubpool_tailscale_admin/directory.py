@@ -3,13 +3,20 @@
 With an OAuth client configured (``env.tailscale_oauth_client_id`` and
 ``env.tailscale_oauth_client_secret``), it exchanges the client credentials for an
 access token at ``{api}/api/v2/oauth/token`` (cached until a minute before it expires)
-and lists ``{api}/api/v2/tailnet/-/devices``: ``-`` is the tailnet the OAuth client
-belongs to. ``env.tailscale_api_url`` (default ``https://api.tailscale.com``) moves the
-API, for tests.
+and lists ``{api}/api/v2/tailnet/<tailnet>/devices``, where ``<tailnet>`` is the tailnet
+name the local daemon reports (``CurrentTailnet.Name`` of ``tailscale status --json``,
+through :attr:`Directory.local_tailnet`) — not ``-``, the credential's default tailnet,
+which is another tailnet whenever the OAuth client belongs to one this node has not
+joined. A node whose daemon names no tailnet asks nothing (outside a node, with no
+``local_tailnet`` wired, ``-`` is used). ``env.tailscale_api_url`` (default
+``https://api.tailscale.com``) moves the API, for tests.
 
 Without both credentials it is not configured and makes zero network calls. Every
-failure — unreachable, a 4xx/5xx, an answer that is not the expected JSON — is one
-debug line and an empty answer (``[]`` / ``None``); nothing raises, and neither the
+failure — unreachable, a 4xx/5xx, an answer that is not the expected JSON — is an empty
+answer (``[]`` / ``None``) and a WARNING line the first time it happens (debug while the
+same failure repeats; one line again when it clears), and :meth:`problem` names it for
+``hubpool doctor``: an unreachable Admin API degrades pairing's membership check to the
+MagicDNS suffix, which the operator must be able to see. Nothing raises, and neither the
 client secret nor a token ever reaches a log line.
 """
 
@@ -20,6 +27,7 @@ import logging
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -29,7 +37,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_API_URL = "https://api.tailscale.com"
 TOKEN_PATH = "/api/v2/oauth/token"
-DEVICES_PATH = "/api/v2/tailnet/-/devices"
+DEVICES_PATH = "/api/v2/tailnet/{tailnet}/devices"
+#: the credential's own tailnet, used only when no node says which tailnet it is on
+DEFAULT_TAILNET = "-"
 TIMEOUT_SECONDS = 10.0
 #: Drop a cached token this long before the API says it expires.
 TOKEN_MARGIN_SECONDS = 60.0
@@ -88,6 +98,8 @@ class TailscaleAdminDirectory(Directory):
         self._token_for: tuple[str, str, str] | None = None
         #: whether the last ``_access_token`` answered from the cache
         self._reused = False
+        #: why the last device list failed (None: it answered, or was never asked)
+        self._problem: str | None = None
 
     # -- configuration -------------------------------------------------------------
 
@@ -123,6 +135,9 @@ class TailscaleAdminDirectory(Directory):
             if isinstance(name, str) and normalise_fqdn(name):
                 names.add(normalise_fqdn(name))
         return names
+
+    def problem(self) -> str | None:
+        return self._problem
 
     def forget_token(self) -> None:
         """Drop the cached access token (the next call exchanges a new one)."""
@@ -160,32 +175,56 @@ class TailscaleAdminDirectory(Directory):
         if not self.configured():
             return None
         try:
+            tailnet = await self._tailnet()
+        except AdminApiError as exc:
+            self._failed(str(exc), logging.INFO)  # C1 already says the node is off its tailnet
+            return None
+        try:
             async with httpx.AsyncClient(
                 transport=self._transport,
                 timeout=self._timeout,
                 follow_redirects=False,
             ) as client:
                 try:
-                    return await self._list(client, await self._access_token(client))
+                    devices = await self._list(client, await self._access_token(client), tailnet)
                 except _Unauthorized:
                     if not self._reused:
                         raise
                     # the cached token was revoked or expired early: one fresh exchange
                     self.forget_token()
-                    return await self._list(client, await self._access_token(client))
+                    devices = await self._list(client, await self._access_token(client), tailnet)
         except asyncio.CancelledError:
             raise
         except AdminApiError as exc:
-            log.debug("tailscale_admin: device list unavailable: %s", exc)
+            self._failed(str(exc))
+            return None
         except httpx.HTTPError as exc:
-            log.debug(
-                "tailscale_admin: device list unavailable: %s reaching %s",
-                type(exc).__name__,
-                self.api_url,
-            )
+            self._failed(f"{type(exc).__name__} reaching {self.api_url}")
+            return None
         except Exception as exc:  # noqa: BLE001 - never break discovery, never leak a credential
-            log.debug("tailscale_admin: device list unavailable: unexpected %s", type(exc).__name__)
-        return None
+            self._failed(f"unexpected {type(exc).__name__}")
+            return None
+        if self._problem is not None:
+            log.info("tailscale_admin: the Admin API answers again for tailnet %s", tailnet)
+        self._problem = None
+        return devices
+
+    def _failed(self, why: str, level: int = logging.WARNING) -> None:
+        """Log a failure the operator can see: once at ``level`` when it starts or changes, at
+        debug while it repeats (discovery and every inbound pairing ask again)."""
+        sentence = f"the Admin API is unavailable: {why}; pairing checks only the MagicDNS suffix"
+        log.log(level if sentence != self._problem else logging.DEBUG, "tailscale_admin: %s", sentence)
+        self._problem = sentence
+
+    async def _tailnet(self) -> str:
+        """The tailnet to ask about: the one the local daemon reports."""
+        if self.local_tailnet is None:
+            return DEFAULT_TAILNET
+        status = await self.local_tailnet()
+        if not status.connected or not status.tailnet_name:
+            raise AdminApiError("this node's Tailscale daemon reports no tailnet it has joined, so there is no "
+                                "tailnet to ask about")
+        return status.tailnet_name
 
     async def _access_token(self, client: httpx.AsyncClient) -> str:
         client_id, secret = self._credentials()
@@ -223,9 +262,9 @@ class TailscaleAdminDirectory(Directory):
         return token
 
 
-    async def _list(self, client: httpx.AsyncClient, token: str) -> list[Any]:
+    async def _list(self, client: httpx.AsyncClient, token: str, tailnet: str) -> list[Any]:
         response = await client.get(
-            self.api_url + DEVICES_PATH,
+            self.api_url + DEVICES_PATH.format(tailnet=quote(tailnet, safe="")),
             headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
         )
         if response.status_code in (401, 403):

@@ -14,7 +14,7 @@ import pytest
 from hubpool_tailscale_admin import TailscaleAdminDirectory
 from pydantic import SecretStr
 
-from hubpool_core import DirectoryCandidate, hookspecs
+from hubpool_core import DirectoryCandidate, TailnetStatus, hookspecs
 
 API = "http://127.0.0.1:9"  # never dialled: every test injects a transport
 CLIENT_ID = "k1234CNTRL"
@@ -401,3 +401,55 @@ def test_registers_through_the_hook():
     got: list[type] = []
     pm.hook.hubpool_register_directories(register=got.append)
     assert got == [TailscaleAdminDirectory]
+
+
+# -- which tailnet, and failures the operator sees -------------------------------------
+
+
+def wired(d: TailscaleAdminDirectory, status: TailnetStatus) -> TailscaleAdminDirectory:
+    async def local_tailnet() -> TailnetStatus:
+        return status
+
+    d.local_tailnet = local_tailnet  # as the core's Tailnet wires every directory
+    return d
+
+
+def test_asks_about_the_tailnet_the_local_daemon_reports(debug_logs):
+    seen: list[str] = []
+
+    def api(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST":
+            return httpx.Response(200, json={"access_token": TOKEN, "expires_in": 3600})
+        seen.append(request.url.raw_path.decode())
+        return httpx.Response(200, json=DEVICES)
+
+    d = wired(TailscaleAdminDirectory(env(), transport=httpx.MockTransport(api)),
+              TailnetStatus(connected=True, tailnet_name="operator@example.com"))
+    assert asyncio.run(d.members())
+    assert seen == ["/api/v2/tailnet/operator%40example.com/devices"]  # never "-"
+    assert d.problem() is None
+
+
+def test_a_node_on_no_tailnet_asks_nothing(debug_logs):
+    def forbidden(request: httpx.Request) -> httpx.Response:
+        raise AssertionError(f"no call may be made: {request.url}")
+
+    d = wired(TailscaleAdminDirectory(env(), transport=httpx.MockTransport(forbidden)),
+              TailnetStatus(connected=False, error="tailscale is not installed here"))
+    assert asyncio.run(d.members()) is None
+    assert asyncio.run(d.candidates()) == []
+    assert "reports no tailnet" in d.problem()
+
+
+def test_a_failure_is_a_warning_once_and_a_problem_until_it_clears(debug_logs):
+    api = FakeApi(devices_status=502)
+    d = directory(api)
+    assert asyncio.run(d.members()) is None
+    assert asyncio.run(d.members()) is None
+    warnings = [r for r in debug_logs.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "the device list answered HTTP 502" in warnings[0].getMessage()
+    assert d.problem() == ("the Admin API is unavailable: the device list answered HTTP 502; pairing checks only "
+                           "the MagicDNS suffix")
+    api.devices_status = 200
+    assert asyncio.run(d.members()) is not None
+    assert d.problem() is None

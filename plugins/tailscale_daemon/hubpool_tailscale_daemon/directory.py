@@ -5,6 +5,13 @@ line split with :mod:`shlex`. When its last word is a path ending in ``.json`` t
 is read as a recorded ``tailscale status --json`` answer (``cat /path/status.json`` and a
 bare ``/path/status.json`` both work); otherwise ``<command> status --json`` is run.
 
+Where the daemon can say more, it is asked: ``<command> serve status --json`` says what
+``tailscale serve`` publishes (for a recorded file, a ``<name>.serve.json`` beside it is that
+answer, and its absence reads as "cannot tell"). From the two answers the node learns its
+name, the tailnet's suffix and name, whether the tailnet issues it an HTTPS certificate
+(``CertDomains``), whether the coordination server sees it online (``Self.Online``), the
+daemon's backend state, and whether ``https://<name>`` is served by this node's port.
+
 The parsed answer is cached for 30 s, failures included, so the status page can poll
 without forking a process per poll. Nothing here raises: a missing binary, a daemon
 that is not running, a hung command or garbage output each become
@@ -42,6 +49,9 @@ class _Invocation:
 
     argv: tuple[str, ...] = ()
     json_path: Path | None = None
+    #: how to ask `tailscale serve status --json`: run this, or read ``serve_path``
+    serve_argv: tuple[str, ...] = ()
+    serve_path: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -50,6 +60,8 @@ class _Reading:
 
     status: dict[str, Any] | None
     error: str | None
+    #: the `tailscale serve status --json` answer; None when it could not be read
+    serve: dict[str, Any] | None = None
     #: the TailnetStatus parsed from ``status``, made on first ask: every signed peer forward
     #: asks for this node's name, and a parse per forward showed in its profile
     parsed: list[TailnetStatus] = field(default_factory=list, compare=False, repr=False)
@@ -71,8 +83,9 @@ def _invocation(cli: str) -> _Invocation | None:
     if not words:
         return None
     if words[-1].lower().endswith(".json"):
-        return _Invocation(json_path=Path(words[-1]).expanduser())
-    return _Invocation(argv=(*words, "status", "--json"))
+        path = Path(words[-1]).expanduser()
+        return _Invocation(json_path=path, serve_path=path.with_name(path.name[: -len(".json")] + ".serve.json"))
+    return _Invocation(argv=(*words, "status", "--json"), serve_argv=(*words, "serve", "status", "--json"))
 
 
 def _resolvable(inv: _Invocation | None) -> bool:
@@ -81,6 +94,39 @@ def _resolvable(inv: _Invocation | None) -> bool:
     if inv.json_path is not None:
         return inv.json_path.is_file()
     return shutil.which(inv.argv[0]) is not None
+
+
+_STATE_SENTENCES = {
+    "Stopped": "Tailscale is stopped on this machine (backend state Stopped): run `tailscale up`",
+    "NeedsLogin": "Tailscale needs a login on this machine (backend state NeedsLogin): run `tailscale up` and log in",
+    "NeedsMachineAuth": "this machine waits for an admin to approve it in the Tailscale admin console "
+                        "(backend state NeedsMachineAuth)",
+    "Starting": "Tailscale is still starting on this machine (backend state Starting); check again in a moment",
+    "NoState": "tailscaled has no state yet (backend state NoState): run `tailscale up`",
+}
+
+
+def _serving(serve: dict[str, Any] | None, self_fqdn: str, port: int | None) -> tuple[bool | None, str | None]:
+    """Whether `tailscale serve` publishes https://<self_fqdn> to this node's port, from its
+    ``serve status --json`` answer (``{"Web": {"<name>:443": {"Handlers": {"/": {"Proxy":
+    "http://127.0.0.1:5002"}}}}}``); ``None`` when that answer could not be read."""
+    if serve is None:
+        return None, None
+    web = serve.get("Web")
+    site = web.get(f"{self_fqdn}:443") if isinstance(web, dict) else None
+    if site is None and isinstance(web, dict):  # the daemon may spell the name with other case
+        site = next((v for k, v in web.items() if isinstance(k, str) and k.lower() == f"{self_fqdn}:443"), None)
+    handlers = site.get("Handlers") if isinstance(site, dict) else None
+    root = handlers.get("/") if isinstance(handlers, dict) else None
+    proxy = root.get("Proxy") if isinstance(root, dict) else None
+    if not isinstance(proxy, str) or not proxy:
+        return False, f"`tailscale serve` publishes nothing at https://{self_fqdn}/"
+    if port is None:
+        return True, None
+    target = proxy.rsplit(":", 1)[-1].split("/", 1)[0] if "://" in proxy or ":" in proxy else proxy
+    if target.isdigit() and int(target) == port:
+        return True, None
+    return False, f"https://{self_fqdn}/ is served by {proxy}, not by this node (port {port})"
 
 
 def _first_line(data: bytes) -> str:
@@ -152,7 +198,7 @@ class TailscaleDaemonDirectory(Directory):
             if reading.status is None:
                 return TailnetStatus(connected=False, error=reading.error)
             if not reading.parsed:
-                reading.parsed.append(self._status(reading.status))
+                reading.parsed.append(self._status(reading.status, reading.serve, self._listen_port()))
             return reading.parsed[0]
         except Exception as exc:  # noqa: BLE001 - an unreadable status is a disconnected tailnet, said plainly
             log.debug("tailscale_daemon: could not read tailnet status: %s", exc)
@@ -193,12 +239,25 @@ class TailscaleDaemonDirectory(Directory):
             )
         return out
 
+    def _listen_port(self) -> int | None:
+        """This node's own port (``HUB_POOL_LISTEN``): what a serve handler must proxy to."""
+        try:
+            host_port = getattr(self.env, "host_port", None)
+            return int(host_port[1]) if host_port else None
+        except (TypeError, ValueError, IndexError):
+            return None
+
     @staticmethod
-    def _status(status: dict[str, Any]) -> TailnetStatus:
-        connected = status.get("BackendState") == "Running"
+    def _status(status: dict[str, Any], serve: dict[str, Any] | None = None,
+                port: int | None = None) -> TailnetStatus:
+        state = status.get("BackendState")
+        state = state if isinstance(state, str) and state else None
+        connected = state == "Running"
         me = status.get("Self")
-        self_dns = me.get("DNSName") if isinstance(me, dict) else None
+        me = me if isinstance(me, dict) else {}
+        self_dns = me.get("DNSName")
         self_fqdn = normalise_fqdn(self_dns) if isinstance(self_dns, str) else ""
+        online = me.get("Online") if isinstance(me.get("Online"), bool) else None
 
         tailnet = status.get("CurrentTailnet")
         tailnet = tailnet if isinstance(tailnet, dict) else {}
@@ -206,12 +265,32 @@ class TailscaleDaemonDirectory(Directory):
         suffix = normalise_fqdn(suffix) if isinstance(suffix, str) else ""
         if tailnet.get("MagicDNSEnabled") is False:
             suffix = ""
+        name = tailnet.get("Name")
+        tailnet_name = name.strip() if isinstance(name, str) and name.strip() else None
+
+        https_certs: bool | None = None
+        if connected and self_fqdn:
+            # the daemon lists the names it can get a certificate for; with HTTPS off for the
+            # tailnet the key is absent or empty, and https://<name> cannot be served
+            domains = status.get("CertDomains")
+            names = {normalise_fqdn(d) for d in domains if isinstance(d, str)} if isinstance(domains, list) else set()
+            https_certs = self_fqdn in names
+        serving, serve_detail = _serving(serve, self_fqdn, port) if connected and self_fqdn else (None, None)
+        error = None
+        if not connected and state is not None:
+            error = _STATE_SENTENCES.get(
+                state, f"Tailscale's backend state is {state}, not Running: run `tailscale up`")
         return TailnetStatus(
             connected=connected,
             self_fqdn=self_fqdn or None,
             suffix=suffix or None,
-            serving=None,  # `tailscale status` does not say; `tailscale serve status` would
-            error=None,
+            serving=serving,
+            error=error,
+            https_certs=https_certs,
+            online=online,
+            backend_state=state,
+            tailnet_name=tailnet_name,
+            serve_detail=serve_detail,
         )
 
     # -- reading, cached -----------------------------------------------------------
@@ -262,8 +341,28 @@ class TailscaleDaemonDirectory(Directory):
                 raw = inv.json_path.read_bytes()
             except OSError as exc:
                 return _Reading(None, f"could not read {inv.json_path} ({exc.strerror or exc})")
-            return self._parse(raw, str(inv.json_path))
-        return await self._run(inv.argv)
+            reading = self._parse(raw, str(inv.json_path))
+        else:
+            reading = await self._run(inv.argv)
+        if reading.status is None or reading.status.get("BackendState") != "Running":
+            return reading  # nothing is served by a daemon that is not up: not asked
+        return _Reading(reading.status, None, await self._serve_status(inv))
+
+    async def _serve_status(self, inv: _Invocation) -> dict[str, Any] | None:
+        """`tailscale serve status --json`, or None when it cannot be read (an older daemon, no
+        permission, no recorded answer): serving then reads as "cannot tell", never as "no"."""
+        if inv.serve_path is not None:
+            if not inv.serve_path.is_file():
+                return None
+            try:
+                reading = self._parse(inv.serve_path.read_bytes(), str(inv.serve_path))
+            except OSError:
+                return None
+        else:
+            reading = await self._run(inv.serve_argv)
+        if reading.status is None:
+            log.debug("tailscale_daemon: serve status unavailable: %s", reading.error)
+        return reading.status
 
     async def _run(self, argv: tuple[str, ...]) -> _Reading:
         shown = shlex.join(argv)

@@ -57,8 +57,12 @@ EXPECTED_STATUS = TailnetStatus(
     connected=True,
     self_fqdn="hub-a.example-tailnet.ts.net",
     suffix="example-tailnet.ts.net",
-    serving=None,
+    serving=None,  # the fixture alone has no recorded `serve status` beside it: cannot tell
     error=None,
+    https_certs=True,
+    online=True,
+    backend_state="Running",
+    tailnet_name="operator@example.com",
 )
 
 
@@ -91,13 +95,26 @@ def fake_cli(tmp_path: Path, body: str) -> tuple[str, Path]:
     return f"{shlex.quote(sys.executable)} {shlex.quote(str(script))}", calls
 
 
-def printing_fixture(tmp_path: Path, status: dict | None = None) -> tuple[str, Path]:
+def printing_fixture(tmp_path: Path, status: dict | None = None, serve: dict | None = None) -> tuple[str, Path]:
+    """A fake tailscale answering `status --json` with ``status`` (the fixture by default) and
+    `serve status --json` with ``serve`` (failing like a daemon too old to know the verb when
+    None)."""
     data = tmp_path / "answer.bin"
     data.write_text(json.dumps(status) if status is not None else FIXTURE.read_text())
+    serve_data = tmp_path / "serve.bin"
+    if serve is not None:
+        serve_data.write_text(json.dumps(serve))
     return fake_cli(
         tmp_path,
         f"""
-        sys.stdout.write(open({str(data)!r}).read())
+        if sys.argv[1:2] == ["serve"]:
+            try:
+                sys.stdout.write(open({str(serve_data)!r}).read())
+            except FileNotFoundError:
+                sys.stderr.write("unknown subcommand: serve\\n")
+                sys.exit(1)
+        else:
+            sys.stdout.write(open({str(data)!r}).read())
         """,
     )
 
@@ -106,6 +123,11 @@ def calls_of(log: Path) -> list[list[str]]:
     if not log.exists():
         return []
     return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def status_reads(log: Path) -> list[list[str]]:
+    """The `status --json` spawns (each read of a Running daemon also asks `serve status`)."""
+    return [c for c in calls_of(log) if c == ["status", "--json"]]
 
 
 def sorted_candidates(cands: list[DirectoryCandidate]) -> list[DirectoryCandidate]:
@@ -155,7 +177,8 @@ def test_runs_the_command_with_status_json(tmp_path):
     assert d.configured()
     assert sorted_candidates(asyncio.run(d.candidates())) == EXPECTED
     assert asyncio.run(d.tailnet_status()) == EXPECTED_STATUS
-    assert calls_of(log) == [["status", "--json"]]  # one spawn served both
+    # one status read served both; the daemon was also asked what `tailscale serve` publishes
+    assert calls_of(log) == [["status", "--json"], ["serve", "status", "--json"]]
 
 
 def test_status_is_cached_for_30_seconds(tmp_path):
@@ -167,15 +190,15 @@ def test_status_is_cached_for_30_seconds(tmp_path):
     clock.now += 29.9
     asyncio.run(d.tailnet_status())
     asyncio.run(d.candidates())
-    assert len(calls_of(log)) == 1
+    assert len(status_reads(log)) == 1
 
     clock.now += 0.2  # 30.1 s after the read
     asyncio.run(d.candidates())
-    assert len(calls_of(log)) == 2
+    assert len(status_reads(log)) == 2
 
     d.invalidate()
     asyncio.run(d.tailnet_status())
-    assert len(calls_of(log)) == 3
+    assert len(status_reads(log)) == 3
 
 
 def test_a_fresh_answer_is_asked_again_without_touching_the_file_system(tmp_path, monkeypatch):
@@ -214,7 +237,7 @@ def test_concurrent_callers_share_one_spawn(tmp_path):
 
     results = asyncio.run(many())
     assert all(sorted_candidates(r) == EXPECTED for r in results[:5])
-    assert len(calls_of(log)) == 1
+    assert len(status_reads(log)) == 1
 
 
 # -- what a tailnet that is not up looks like ------------------------------------------
@@ -225,10 +248,14 @@ def test_stopped_backend_is_not_connected(tmp_path):
     data.update(BackendState="Stopped", Peer=None, MagicDNSSuffix="")
     data["Self"]["DNSName"] = ""
     data["CurrentTailnet"] = None
-    cli, _ = printing_fixture(tmp_path, data)
+    cli, log = printing_fixture(tmp_path, data)
     d = TailscaleDaemonDirectory(env(cli))
-    assert asyncio.run(d.tailnet_status()) == TailnetStatus(connected=False)
+    status = asyncio.run(d.tailnet_status())
+    assert status.connected is False and status.backend_state == "Stopped"
+    assert status.error == "Tailscale is stopped on this machine (backend state Stopped): run `tailscale up`"
+    assert status.https_certs is None and status.serving is None  # nothing to judge on a stopped daemon
     assert asyncio.run(d.candidates()) == []
+    assert calls_of(log) == [["status", "--json"]]  # a stopped daemon serves nothing: not asked
 
 
 def test_magicdns_off_means_no_suffix(tmp_path):
@@ -376,3 +403,92 @@ def test_registers_through_the_hook():
     got: list[type] = []
     pm.hook.hubpool_register_directories(register=got.append)
     assert got == [TailscaleDaemonDirectory]
+
+
+# -- what the daemon says about certificates, serve and its state (recorded answers) ----
+
+DATA = Path(__file__).resolve().parent / "data"
+ME = "hub-a.example-tailnet.ts.net"
+
+
+def recorded(name: str) -> dict:
+    return json.loads((DATA / name).read_text())
+
+
+def listening_env(cli: str, port: int = 5002) -> SimpleNamespace:
+    return SimpleNamespace(tailscale_cli=cli, host_port=("127.0.0.1", port))
+
+
+def both_ways(tmp_path: Path, status: dict, serve: dict | None, port: int = 5002) -> list[TailnetStatus]:
+    """The status a running command answers and the one a recorded file pair answers: the
+    two must agree."""
+    cli, _ = printing_fixture(tmp_path, status, serve)
+    by_command = asyncio.run(TailscaleDaemonDirectory(listening_env(cli, port)).tailnet_status())
+    files = tmp_path / "recorded"
+    files.mkdir()
+    (files / "hub-a.json").write_text(json.dumps(status))
+    if serve is not None:
+        (files / "hub-a.serve.json").write_text(json.dumps(serve))
+    by_file = asyncio.run(TailscaleDaemonDirectory(listening_env(str(files / "hub-a.json"), port)).tailnet_status())
+    assert by_command == by_file
+    return [by_command, by_file]
+
+
+def test_certificates_and_serve_both_ready(tmp_path):
+    for status in both_ways(tmp_path, json.loads(FIXTURE.read_text()), recorded("serve_status.json")):
+        assert status.connected and status.self_fqdn == ME
+        assert status.https_certs is True  # CertDomains names this node
+        assert status.serving is True and status.serve_detail is None  # https://<name>/ -> this node's port
+        assert status.online is True and status.backend_state == "Running"
+        assert status.tailnet_name == "operator@example.com"
+
+
+def test_https_certificates_off(tmp_path):
+    status = both_ways(tmp_path, recorded("status_https_off.json"), recorded("serve_status.json"))[0]
+    assert status.connected is True and status.https_certs is False
+
+
+def test_certificates_for_another_name_are_not_this_nodes(tmp_path):
+    data = json.loads(FIXTURE.read_text())
+    data["CertDomains"] = ["other.example-tailnet.ts.net"]
+    assert both_ways(tmp_path, data, None)[0].https_certs is False
+
+
+def test_serve_publishing_nothing(tmp_path):
+    status = both_ways(tmp_path, json.loads(FIXTURE.read_text()), recorded("serve_status_empty.json"))[0]
+    assert status.serving is False
+    assert status.serve_detail == f"`tailscale serve` publishes nothing at https://{ME}/"
+
+
+def test_serve_publishing_another_port(tmp_path):
+    status = both_ways(tmp_path, json.loads(FIXTURE.read_text()), recorded("serve_status_other_target.json"))[0]
+    assert status.serving is False
+    assert status.serve_detail == f"https://{ME}/ is served by http://127.0.0.1:8080, not by this node (port 5002)"
+    # the same answer read by the node on 8080 is this node
+    (tmp_path / "b").mkdir()
+    assert both_ways(tmp_path / "b", json.loads(FIXTURE.read_text()),
+                     recorded("serve_status_other_target.json"), port=8080)[0].serving is True
+
+
+def test_serve_status_unreadable_is_cannot_tell(tmp_path):
+    status = both_ways(tmp_path, json.loads(FIXTURE.read_text()), None)[0]
+    assert status.serving is None and status.connected is True
+
+
+def test_a_stopped_daemon(tmp_path):
+    for status in both_ways(tmp_path, recorded("status_stopped.json"), recorded("serve_status.json")):
+        assert status.connected is False and status.backend_state == "Stopped"
+        assert status.error == "Tailscale is stopped on this machine (backend state Stopped): run `tailscale up`"
+        assert status.https_certs is None and status.serving is None
+
+
+def test_a_daemon_that_needs_a_login(tmp_path):
+    status = both_ways(tmp_path, recorded("status_needs_login.json"), None)[0]
+    assert status.connected is False and status.backend_state == "NeedsLogin"
+    assert "tailscale up" in status.error and "log in" in status.error
+    assert status.self_fqdn is None and status.tailnet_name is None
+
+
+def test_control_plane_offline(tmp_path):
+    status = both_ways(tmp_path, recorded("status_control_offline.json"), recorded("serve_status.json"))[0]
+    assert status.connected is True and status.online is False

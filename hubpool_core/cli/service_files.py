@@ -1,0 +1,201 @@
+"""What `hubpool service install` writes: the systemd unit, its environment file, the launchd
+agent, and the `tailscale serve` line. Pure functions of a ServiceSpec, so the tests can
+snapshot them and `systemd-analyze verify` the unit without touching the machine.
+
+The unit is sandboxed the way systemd recommends for a network daemon that writes only its
+own state: the whole file system read-only (ProtectSystem=strict) except the data directory,
+no privilege gain (NoNewPrivileges), its own /tmp, no kernel knobs. The node needs nothing
+more: it listens on a loopback port, talks to engines and peers over TCP, and writes only
+under its data directory.
+"""
+
+from __future__ import annotations
+
+import os
+import plistlib
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+UNIT_NAME = "hubpool.service"
+LAUNCHD_LABEL = "dev.hubpool.node"
+#: the system unit's StateDirectory=; systemd creates /var/lib/hubpool (user units: ~/.local/state/hubpool)
+STATE_DIRECTORY = "hubpool"
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """Where and how the service runs. ``user`` is the per-user unit / LaunchAgent; otherwise the
+    system unit / LaunchDaemon, which runs as ``run_as``."""
+
+    executable: Path
+    data_dir: Path
+    env_file: Path
+    listen: str = "127.0.0.1:5002"
+    user: bool = False
+    run_as: str | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+    #: (variable, default URL, product) of each installed engine plugin, offered commented out
+    #: in a new environment file (the core names no engine: the plugins say what they read)
+    engines: tuple[tuple[str, str, str], ...] = ()
+
+    @property
+    def state_dir_default(self) -> bool:
+        """True when the data directory is the unit's StateDirectory= (systemd owns its creation)."""
+        return self.data_dir == default_data_dir(self.user)
+
+
+def default_data_dir(user: bool, home: Path | None = None) -> Path:
+    """The data directory a service uses unless told otherwise: systemd's state directory
+    (/var/lib/hubpool for the system unit, $XDG_STATE_HOME/hubpool for a user unit)."""
+    if not user:
+        return Path("/var/lib") / STATE_DIRECTORY
+    state = os.environ.get("XDG_STATE_HOME") or str((home or Path.home()) / ".local" / "state")
+    return Path(state) / STATE_DIRECTORY
+
+
+def default_env_file(user: bool, home: Path | None = None) -> Path:
+    if not user:
+        return Path("/etc/hubpool/hubpool.env")
+    config = os.environ.get("XDG_CONFIG_HOME") or str((home or Path.home()) / ".config")
+    return Path(config) / "hubpool" / "hubpool.env"
+
+
+def unit_path(user: bool, home: Path | None = None) -> Path:
+    if not user:
+        return Path("/etc/systemd/system") / UNIT_NAME
+    config = os.environ.get("XDG_CONFIG_HOME") or str((home or Path.home()) / ".config")
+    return Path(config) / "systemd" / "user" / UNIT_NAME
+
+
+def plist_path(user: bool, home: Path | None = None) -> Path:
+    if not user:
+        return Path("/Library/LaunchDaemons") / f"{LAUNCHD_LABEL}.plist"
+    return (home or Path.home()) / "Library" / "LaunchAgents" / f"{LAUNCHD_LABEL}.plist"
+
+
+def environment_file(spec: ServiceSpec) -> str:
+    """A new environment file: the two settings the service needs, then the usual ones to edit."""
+    lines = [
+        "# The hubpool node's environment, read by its service at each start",
+        "# (systemd EnvironmentFile=; on macOS `hubpool service install` copies it into the agent).",
+        "# Edit, then restart: systemctl" + (" --user" if spec.user else "") + " restart hubpool",
+        f"HUB_POOL_DATA_DIR={spec.data_dir}",
+        f"HUB_POOL_LISTEN={spec.listen}",
+        *(f"{k}={v}" for k, v in sorted(spec.extra_env.items())),
+        "",
+        "# The engines on this machine: uncomment the ones that run here (see docs/engines.md).",
+        "# Each is probed at its usual address when unset; an engine that is not there is skipped.",
+        # the product on its own line: systemd reads no comment after a value
+        *(line for var, url, product in spec.engines for line in (f"# {product}", f"#{var}={url}")),
+        "",
+        "# GPU pressure from a file a timer writes (docs/gpu-pressure.md):",
+        f"#HUB_POOL_PRESSURE_HOST_FILE={spec.data_dir / 'gpu_pressure.json'}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def parse_environment_file(text: str) -> dict[str, str]:
+    """KEY=VALUE lines as systemd reads them (comments and blank lines skipped, one level of
+    surrounding quotes removed)."""
+    env: dict[str, str] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")) or "=" not in line:
+            continue
+        key, _, value = line.partition("=")
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        env[key.strip()] = value
+    return env
+
+
+def systemd_unit(spec: ServiceSpec) -> str:
+    """The unit file. ExecStart is the absolute path of this installation's `hubpool`, so the
+    unit runs the same version the operator installed, from a venv or `uv tool`."""
+    writable = [] if spec.state_dir_default else [f"ReadWritePaths={_systemd_path(spec.data_dir)}"]
+    who = [] if spec.user or not spec.run_as else [f"User={spec.run_as}"]
+    wanted = "default.target" if spec.user else "multi-user.target"
+    lines = [
+        "# Written by `hubpool service install`; `hubpool service uninstall` removes it.",
+        "# A new box from nothing to paired: docs/deploy.md in hubpool's source.",
+        "[Unit]",
+        "Description=hubpool node: pools this machine's LLM engines with the tailnet",
+        "Wants=network-online.target",
+        "After=network-online.target" + ("" if spec.user else " tailscaled.service"),
+        "",
+        "[Service]",
+        "Type=exec",
+        *who,
+        # '-': a missing file is not an error (every setting has a default)
+        f"EnvironmentFile=-{_systemd_path(spec.env_file)}",
+        f"ExecStart={_systemd_path(spec.executable)} serve",
+        "Restart=on-failure",
+        "RestartSec=5s",
+        # a node drains in-flight answers on SIGTERM; give it the time it needs, then stop
+        "TimeoutStopSec=30s",
+        f"StateDirectory={STATE_DIRECTORY}",
+        "StateDirectoryMode=0700",
+        # the plugin host caches its entry-point scan under $XDG_CACHE_HOME; home is read-only here
+        f"CacheDirectory={STATE_DIRECTORY}",
+        f"Environment=XDG_CACHE_HOME=%C/{STATE_DIRECTORY}",
+        "UMask=0077",
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        # a system service reads its home (a `uv tool` install lives there) but writes none of it
+        *([] if spec.user else ["ProtectHome=read-only"]),
+        *writable,
+        "PrivateTmp=yes",
+        "PrivateDevices=no",  # the GPU-pressure sources read /sys/class/drm and /dev stays visible
+        "ProtectKernelTunables=yes",
+        "ProtectKernelModules=yes",
+        "ProtectControlGroups=yes",
+        "RestrictSUIDSGID=yes",
+        "RestrictRealtime=yes",
+        "LockPersonality=yes",
+        "RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX",
+        "",
+        "[Install]",
+        f"WantedBy={wanted}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _systemd_path(path: Path) -> str:
+    # systemd reads %-specifiers in paths; a literal % must be doubled, and a space quoted
+    text = str(path).replace("%", "%%")
+    return shlex.quote(text) if " " in text else text
+
+
+def launchd_plist(spec: ServiceSpec, environment: dict[str, str]) -> bytes:
+    """The launchd agent (per user) or daemon: launchd reads no environment file, so the file's
+    variables are copied in; KeepAlive restarts the node when it exits with a failure."""
+    doc: dict[str, object] = {
+        "Label": LAUNCHD_LABEL,
+        "ProgramArguments": [str(spec.executable), "serve"],
+        "EnvironmentVariables": environment,
+        "RunAtLoad": True,
+        "KeepAlive": {"SuccessfulExit": False},
+        "ThrottleInterval": 5,
+        "StandardOutPath": str(spec.data_dir / "hubpool.log"),
+        "StandardErrorPath": str(spec.data_dir / "hubpool.log"),
+        "WorkingDirectory": str(spec.data_dir),
+        "ProcessType": "Standard",
+    }
+    if not spec.user and spec.run_as:
+        doc["UserName"] = spec.run_as
+    return plistlib.dumps(doc, sort_keys=False)
+
+
+def tailscale_serve_line(listen: str) -> str:
+    """The command that publishes the node at https://<this machine's tailnet name>."""
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    if host in ("0.0.0.0", "::"):
+        host = "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"tailscale serve --bg --https=443 http://{host}:{port or 5002}"
