@@ -79,13 +79,21 @@ async def _guarded(request: Request) -> tuple[PoolPeer, Any]:
 def _handles(fn):  # noqa: ANN001, ANN202 - wraps a handler so errors become the reference answers
     async def endpoint(request: Request) -> Response:
         try:
-            answer = await fn(request)
+            return await fn(request)
         except PeerRefused as exc:
-            answer = _error(exc.status, exc.message, exc.headers)
+            return _error(exc.status, exc.message, exc.headers)
         except PairingError as exc:
-            answer = _error(exc.status, exc.message)
-        # this node's clock, on refusals too: a caller refused for its timestamp can then say
-        # whose clock is wrong (peering/health.py, clock_verdict)
+            return _error(exc.status, exc.message)
+    endpoint.__name__ = fn.__name__
+    return endpoint
+
+
+def _states_clock(fn):  # noqa: ANN001, ANN202 - the health probe's route only
+    """This node's clock on every answer of the route, refusals too: a prober refused for its
+    timestamp can then say whose clock is wrong (peering/health.py, clock_verdict). Only on the
+    probe's route: a pairing refusal must stay byte-identical however it was earned."""
+    async def endpoint(request: Request) -> Response:
+        answer = await fn(request)
         answer.headers[CLOCK_HEADER] = str(clock_ms(getattr(request.app.state.node, "clock_offset_ms", 0)))
         return answer
     endpoint.__name__ = fn.__name__
@@ -131,6 +139,7 @@ async def pair_upgrade(request: Request) -> Response:
     return JSONResponse(await request.app.state.node.pairing.receive_upgrade(row, body))
 
 
+@_states_clock
 @_handles
 async def capabilities(request: Request) -> Response:
     """Branch order: 401 (guard), 503 (master off), 403 (pairing incomplete), 200."""

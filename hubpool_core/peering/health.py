@@ -37,7 +37,7 @@ CAPABILITIES_PROBE_TIMEOUT_S = 15.0
 UNREACHABLE_THRESHOLD = 3
 MAX_BACKOFF_S = 15 * 60
 P = "/api/inference/pool"
-#: a node's own clock (unix ms) on every peer-facing answer, refusals included, so the caller
+#: a node's own clock (unix ms) on every answer of /capabilities, refusals included, so the prober
 #: can say whose clock is wrong when a signature is refused for its timestamp (additive)
 CLOCK_HEADER = "X-Hub-Pool-Clock"
 #: clocks this far apart are named in doctor and status before signatures start failing
