@@ -330,8 +330,14 @@ class SettingsStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".json.tmp")
         data = json.dumps(settings.model_dump(), indent=2, sort_keys=True)
-        with open(tmp, "w") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
+        try:
+            with open(tmp, "w") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.path)
+        except OSError:
+            # a full disk fails the write or the fsync: the old file stays whole and in force
+            # (the caller keeps its settings), and no partial temporary is left behind
+            tmp.unlink(missing_ok=True)
+            raise

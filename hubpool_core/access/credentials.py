@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
 import secrets
 from dataclasses import dataclass
@@ -18,8 +19,10 @@ from pathlib import Path
 from sqlalchemy import insert, select, update
 
 from hubpool_core.store import ApiKey, Database, api_key_table
-from hubpool_core.store.db import UNREACHABLE
+from hubpool_core.store.db import UNREACHABLE, storage_refusal
 from hubpool_core.store.models import from_row, values_of
+
+log = logging.getLogger("hubpool.access")
 
 OPERATOR_KEY_FILE = "operator.key"
 SCOPES = ("operator", "inference", "qa:read")
@@ -96,19 +99,26 @@ class KeyStore:
         if not self.db.available:
             return self._seen.get(digest)
         try:
-            with self.db.engine.begin() as conn:
+            with self.db.engine.connect() as conn:
                 row = conn.execute(select(api_key_table.c.id, api_key_table.c.scope, api_key_table.c.revoked_at)
                                    .where(api_key_table.c.key_hash == digest)).first()
-                if row is None or row.revoked_at is not None:
-                    self._seen.pop(digest, None)
-                    return None
+        except UNREACHABLE as exc:
+            if storage_refusal(exc) is None:
+                # the database is down: a key this process has already seen valid still works (as
+                # routing goes on from the peers in memory); a new one waits for the database
+                self.db.mark_down(exc)
+            return self._seen.get(digest)
+        if row is None or row.revoked_at is not None:
+            self._seen.pop(digest, None)
+            return None
+        try:
+            with self.db.engine.begin() as conn:
                 conn.execute(update(api_key_table).where(api_key_table.c.id == row.id)
                              .values(last_used_at=datetime.now(UTC)))
         except UNREACHABLE as exc:
-            # the database is down: a key this process has already seen valid still works (as
-            # routing goes on from the peers in memory); a new one waits for the database
-            self.db.mark_down(exc)
-            return self._seen.get(digest)
+            # the "last used" stamp is bookkeeping: a full disk, a database another writer holds or
+            # one that just went away must not refuse a valid key (the node keeps serving)
+            log.warning("could not record the use of API key %s (%s)", row.id[:8], getattr(exc, "orig", None) or exc)
         principal = Principal(row.scope, row.id)
         if len(self._seen) >= SEEN_KEYS_MAX:
             self._seen.clear()

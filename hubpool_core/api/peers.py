@@ -17,9 +17,11 @@ from hubpool_core.peering.addresses import AddressRefused, candidate_urls, parse
 from hubpool_core.peering.client import PeerAuthError
 from hubpool_core.peering.discovery import MIN_PAIR_BY_ADDRESS_PROTOCOL, discover, probe_identify
 from hubpool_core.peering.guard import PeerRefused, admit
+from hubpool_core.peering.health import CLOCK_HEADER
 from hubpool_core.peering.pairing import PairingError
 from hubpool_core.peering.pairing_pin import PIN_SHAPE_MESSAGE, is_pin_shape
 from hubpool_core.peering.peers import public_peer
+from hubpool_core.peering.signing import clock_ms
 from hubpool_core.placement import is_fresh
 from hubpool_core.signals.containers import clamp_containers
 from hubpool_core.store import PoolPeer
@@ -86,6 +88,18 @@ def _handles(fn):  # noqa: ANN001, ANN202 - wraps a handler so errors become the
     return endpoint
 
 
+def _states_clock(fn):  # noqa: ANN001, ANN202 - the health probe's route only
+    """This node's clock on every answer of the route, refusals too: a prober refused for its
+    timestamp can then say whose clock is wrong (peering/health.py, clock_verdict). Only on the
+    probe's route: a pairing refusal must stay byte-identical however it was earned."""
+    async def endpoint(request: Request) -> Response:
+        answer = await fn(request)
+        answer.headers[CLOCK_HEADER] = str(clock_ms(getattr(request.app.state.node, "clock_offset_ms", 0)))
+        return answer
+    endpoint.__name__ = fn.__name__
+    return endpoint
+
+
 # -- peer-facing ---------------------------------------------------------------------
 
 @_handles
@@ -125,6 +139,7 @@ async def pair_upgrade(request: Request) -> Response:
     return JSONResponse(await request.app.state.node.pairing.receive_upgrade(row, body))
 
 
+@_states_clock
 @_handles
 async def capabilities(request: Request) -> Response:
     """Branch order: 401 (guard), 503 (master off), 403 (pairing incomplete), 200."""

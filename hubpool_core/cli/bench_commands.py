@@ -4,6 +4,7 @@ many concurrent requests a model takes within a time-to-first-token SLO (`capaci
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from datetime import UTC, datetime
@@ -383,3 +384,40 @@ def pool(trace: list[str] = typer.Option(["chat", "agents", "burst", "cold"], "-
         out.print(said)
     if any(g["verdict"] == FAIL for g in report.goals):
         out.print("[yellow]some targets were missed: see docs/performance.md for what each figure means[/]")
+
+
+@bench_app.command("mesh")
+def mesh(nodes: int = typer.Option(20, "--nodes", "-n", min=3, max=40, help="hubpool serve processes in the mesh."),
+         poll_seconds: int = typer.Option(30, "--poll-seconds", min=1, max=300,
+                                          help="Health poll interval (30: the default a node runs with)."),
+         idle_seconds: float | None = typer.Option(None, "--idle-seconds", min=5, max=1800,
+                                                   help="Idle window for CPU and memory (default: two polls)."),
+         placement_requests: int = typer.Option(100, "--placement-requests", min=0, max=5000,
+                                                help="Requests at N and at 2 candidates (0: skip)."),
+         per_node: int = typer.Option(8, "--requests-per-node", min=0, max=500,
+                                      help="Mixed-load requests entering each node (0: skip)."),
+         no_kill: bool = typer.Option(False, "--no-kill", help="Skip the node-death and restart phase."),
+         as_json: bool = JsonOption) -> None:
+    """N nodes paired as a full mesh: pairing time, idle CPU and memory per node, placement CPU at N
+    candidates against 2, detection of a dead node and its return, a reconciled mixed load."""
+    from rich.markup import escape
+
+    from hubpool_core.bench.mesh import run_mesh, text_lines
+
+    started = time.monotonic()
+    try:
+        report = run_mesh(nodes=nodes, poll_s=poll_seconds, idle_s=idle_seconds, placement_requests=placement_requests,
+                          per_node=per_node, kill=not no_kill,
+                          progress=lambda m: print(f"# {m}", file=sys.stderr, flush=True))
+    except (RuntimeError, ValueError) as exc:
+        out.print(f"[red]bench mesh could not run: {escape(str(exc))}[/]")
+        raise typer.Exit(2) from None
+    report.figures["wallS"] = round(time.monotonic() - started, 1)
+    report.figures["loadavg"] = [round(x, 2) for x in os.getloadavg()]
+    if as_json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        for line in text_lines(report):
+            out.print(escape(line), soft_wrap=True)
+    if report.problems:
+        raise typer.Exit(1)

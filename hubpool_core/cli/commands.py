@@ -210,7 +210,19 @@ def main() -> None:
         load_plugins(env.disabled_plugin_names, setting).add_cli_commands(app)
     except Exception:  # noqa: BLE001 - plugin commands are optional; the core CLI must still work
         pass
-    app()
+    try:
+        app()
+    except Exception as exc:
+        # a command that writes this machine's store directly (api-key create, revoke) on a full
+        # disk or a database another writer holds past the busy timeout: a sentence, not a
+        # traceback, and an exit code a script can act on (75: try again later, 74: I/O)
+        from hubpool_core.store import storage_refusal
+
+        refused = storage_refusal(exc, EnvSettings().data_dir)
+        if refused is None:
+            raise
+        err.print(f"[red]error:[/red] {refused.message}", highlight=False, soft_wrap=True)
+        raise SystemExit(75 if refused.status == 503 else 74) from None
 
 
 # the other verbs live in their own modules; importing them registers them on `app`

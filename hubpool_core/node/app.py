@@ -15,6 +15,7 @@ from hubpool_core import __version__
 from hubpool_core.api import advice, inference, local, metrics_route, operator, peers
 from hubpool_core.node.node import Node
 from hubpool_core.proxy import LOCAL_PREFIX
+from hubpool_core.store import storage_refusal
 from hubpool_core.store.db import UNREACHABLE as DB_UNREACHABLE
 from hubpool_core.web import mount as mount_web_ui
 
@@ -91,17 +92,26 @@ def create_app(node: Node) -> FastAPI:
             exc.status_code, str(exc.detail))
         return JSONResponse({"error": message}, status_code=exc.status_code)
 
-    async def database_down(_request: Request, exc: Exception) -> JSONResponse:
-        # a change that needs the store while it cannot be reached: nothing was written (each
-        # write is one transaction), the node is told, and the caller may retry
-        node.db.mark_down(exc)
-        return JSONResponse({"error": "This node's database is unreachable; nothing was changed. Retry once "
-                                      "it is back (GET /api/inference/pool/status shows database.available).",
-                             "code": "database_unavailable", "detail": node.db.last_error},
-                            status_code=503, headers={"Retry-After": "5"})
+    async def storage(request: Request, exc: Exception) -> JSONResponse:
+        # a full disk (507) or a database another writer held past the busy timeout (503): said
+        # as such, never as a crash; the write was refused whole and the node keeps serving
+        refused = storage_refusal(exc, node.env.data_dir)
+        if refused is not None:
+            logging.getLogger("hubpool").warning("a write was refused: %s", refused.message)
+            headers = {"Retry-After": "1"} if refused.status == 503 else None
+            return JSONResponse({"error": refused.message}, status_code=refused.status, headers=headers)
+        if isinstance(exc, DB_UNREACHABLE):
+            # a change that needs the store while it cannot be reached: nothing was written (each
+            # write is one transaction), the node is told, and the caller may retry
+            node.db.mark_down(exc)
+            return JSONResponse({"error": "This node's database is unreachable; nothing was changed. Retry once "
+                                          "it is back (GET /api/inference/pool/status shows database.available).",
+                                 "code": "database_unavailable", "detail": node.db.last_error},
+                                status_code=503, headers={"Retry-After": "5"})
+        return await crashed(request, exc)
 
-    for unreachable in DB_UNREACHABLE:
-        app.add_exception_handler(unreachable, database_down)
+    for kind in (OSError, *DB_UNREACHABLE):
+        app.add_exception_handler(kind, storage)
 
     @app.exception_handler(Exception)
     async def crashed(_request: Request, exc: Exception) -> JSONResponse:

@@ -195,6 +195,18 @@ def _caps_check(node: Any) -> dict[str, Any]:
 def _clock_check(node: Any) -> dict[str, Any]:
     from datetime import datetime
 
+    from hubpool_core.peering.health import CLOCK_WARN_MS
+
+    # each peer states its clock on every answer, refusals included (peering/health.py): the
+    # only reading left once the clocks are too far apart for a signature to pass
+    clocks = {r.id: r.node_fqdn for r in node.peers.all() if r.id in node.health.clocks}
+    if clocks:
+        worst_id = max(clocks, key=lambda pid: abs(node.health.clocks[pid]))
+        skew = node.health.clocks[worst_id]
+        if abs(skew) > CLOCK_WARN_MS:
+            return _check("T1", "Clocks", ACTION, node.health.clock_verdict(worst_id) or "",
+                          "enable NTP (timedatectl set-ntp true) on the machine named")
+        return _check("T1", "Clocks", READY, f"peers within {abs(skew) / 1000:.0f} s")
     worst = None
     for row in node.peers.all():
         caps = row.last_capabilities if isinstance(row.last_capabilities, dict) else {}

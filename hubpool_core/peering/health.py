@@ -23,7 +23,12 @@ from hubpool_core.engine import AGENT_DIALECTS, NATIVE, OPENAI
 from hubpool_core.models_ids import fold_model_id
 from hubpool_core.peering.client import PeerAuthError
 from hubpool_core.peering.peers import aware, iso, utcnow
-from hubpool_core.peering.signing import REFUSAL_HEADER, REFUSAL_IDENTITY_MISMATCH
+from hubpool_core.peering.signing import (
+    PEER_SIGNATURE_SKEW_MS,
+    REFUSAL_HEADER,
+    REFUSAL_IDENTITY_MISMATCH,
+    clock_ms,
+)
 from hubpool_core.periodic import Periodic
 from hubpool_core.store import PoolPeer
 from hubpool_core.store.db import UNREACHABLE as DB_UNREACHABLE
@@ -34,6 +39,13 @@ CAPABILITIES_PROBE_TIMEOUT_S = 15.0
 UNREACHABLE_THRESHOLD = 3
 MAX_BACKOFF_S = 15 * 60
 P = "/api/inference/pool"
+#: a node's own clock (unix ms) on every answer of /capabilities, refusals included, so the prober
+#: can say whose clock is wrong when a signature is refused for its timestamp (additive)
+CLOCK_HEADER = "X-Hub-Pool-Clock"
+#: clocks this far apart are named in doctor and status before signatures start failing
+CLOCK_WARN_MS = 240_000
+#: a third clock within this of ours "agrees" with ours
+CLOCK_AGREE_MS = 60_000
 
 #: What the operator does about each kind. ``<peer>`` is the peer's name and ``<this node>`` this
 #: node's, both filled in when the failure is recorded, so every reader (status, doctor, the web
@@ -73,6 +85,10 @@ class ProbeFailure:
     attempts: int
     next_probe_at: float | None
     action: str | None = None
+    #: the peer's clock minus this node's when it refused, and whose clock is wrong: set when
+    #: the refusal is explained by the two clocks being further apart than a signature allows
+    clock_skew_ms: int | None = None
+    clock_action: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         def at(t: float | None) -> str | None:
@@ -80,7 +96,8 @@ class ProbeFailure:
 
         return {"kind": self.kind, "httpStatus": self.http_status, "detail": self.detail, "since": at(self.since),
                 "lastAttemptAt": at(self.last_attempt_at), "attempts": self.attempts,
-                "nextProbeAt": at(self.next_probe_at), "action": self.action}
+                "nextProbeAt": at(self.next_probe_at), "clockSkewMs": self.clock_skew_ms,
+                "action": self.clock_action or self.action}
 
 
 def classify(status: int | None, refusal: str | None) -> str:
@@ -127,6 +144,8 @@ class HealthPoller:
     def __init__(self, node: Any):
         self.node = node
         self.failures: dict[str, ProbeFailure] = {}
+        #: peer id -> the peer's clock minus this node's (ms), from the last probe it answered
+        self.clocks: dict[str, int] = {}
         self._loop = Periodic("health tick", self.tick, lambda: self.poll_s)
         #: each peer's probe in flight: a tick starts one per peer and never waits for it
         self._probes: dict[str, asyncio.Task] = {}
@@ -163,7 +182,10 @@ class HealthPoller:
 
     async def tick(self) -> None:
         """The loop's step: housekeeping, then one probe per peer started, none awaited."""
-        await asyncio.to_thread(self.node.housekeeping)
+        try:
+            await asyncio.to_thread(self.node.housekeeping)
+        except Exception as exc:  # noqa: BLE001 - a full disk must not stop the probes
+            log.warning("housekeeping failed this tick (%s: %s); probing the peers anyway", type(exc).__name__, exc)
         await self._release_resident()
         rows = [r for r in self.node.peers.all() if r.status in ("connected", "unreachable")]
         # every peer's probe is its own task: one peer that hangs (a partition drops its packets
@@ -175,17 +197,26 @@ class HealthPoller:
                 continue
             task = asyncio.ensure_future(self.probe(row))
             self._probes[row.id] = task
-            task.add_done_callback(functools.partial(self._probe_done, row.id))
+            task.add_done_callback(functools.partial(self._probe_done, row.id, row.node_fqdn))
 
-    def _probe_done(self, peer_id: str, task: asyncio.Task) -> None:
+    def _probe_done(self, peer_id: str, fqdn: str, task: asyncio.Task) -> None:
         if self._probes.get(peer_id) is task:
             del self._probes[peer_id]
-        if not task.cancelled() and task.exception() is not None:
-            log.error("health probe failed", exc_info=task.exception())
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            # one peer's probe failing to be recorded (a full disk refuses the row's update) is
+            # said for that peer; the others' probes run on their own
+            log.warning("the probe of %s could not be recorded: %s: %s", fqdn, type(exc).__name__, exc)
+        self.refresh_clock_actions()
 
     async def wait_probes(self) -> None:
         """Until every probe in flight has ended."""
         await asyncio.gather(*list(self._probes.values()), return_exceptions=True)
+
+    def refresh_clock_actions(self) -> None:
+        """Whose clock is wrong depends on every peer's reading: said again as each probe ends."""
+        for peer_id, failure in self.failures.items():
+            if failure.clock_action is not None:
+                failure.clock_action = self.clock_verdict(peer_id) or failure.clock_action
 
     async def _release_resident(self) -> None:
         """A withheld model the engine reports resident is proof it serves: clear it. Residency
@@ -211,11 +242,14 @@ class HealthPoller:
             return
         status, refusal, data, detail, engine_marked = None, None, None, "", False
         budget = self.probe_timeout_s
+        offset = getattr(self.node, "clock_offset_ms", 0)
         no_credential = False
         try:
+            sent = clock_ms(offset)
             # httpx's timeout is per phase; the budget is for the whole probe
             async with asyncio.timeout(budget):
                 answer = await self.node.peer_client.call(row, "GET", P + "/capabilities", timeout=budget)
+            self._note_clock(row.id, answer.headers.get(CLOCK_HEADER), sent, clock_ms(offset))
             status, refusal = answer.status_code, answer.headers.get(REFUSAL_HEADER)
             engine_marked = "x-hub-pool-backend" in answer.headers
             data = answer.json() if status == 200 else None
@@ -247,6 +281,45 @@ class HealthPoller:
             # is not recorded, and routing keeps the row it holds in memory until it is back
             log.debug("probe of %s not recorded: the database is unreachable", row.node_fqdn)
 
+    def _note_clock(self, peer_id: str, stated: str | None, sent_ms: int, received_ms: int) -> None:
+        """The peer's clock against this node's, from the time it stated mid-answer."""
+        try:
+            theirs = int(stated) if stated is not None else None
+        except ValueError:
+            theirs = None
+        if theirs is None or not 0 < theirs < 10**14:
+            return
+        self.clocks[peer_id] = theirs - (sent_ms + received_ms) // 2
+
+    def clock_verdict(self, peer_id: str) -> str | None:
+        """Whose clock is wrong when this node and a peer disagree by more than
+        :data:`CLOCK_WARN_MS`, in a sentence for the operator; None when they agree.
+
+        Two clocks cannot say which of them is wrong; a third can. The peer's clock is wrong
+        when another peer's agrees with this node's; this node's is wrong when every peer's
+        clock is off from it the same way; otherwise it names both."""
+        skew = self.clocks.get(peer_id)
+        if skew is None or abs(skew) <= CLOCK_WARN_MS:
+            return None
+        names = {r.id: r.node_fqdn for r in self.node.peers.all()}
+        peer = names.get(peer_id, "the peer")
+        way = "ahead of" if skew > 0 else "behind"
+        apart = f"{peer}'s clock is {abs(skew) / 1000:.0f} s {way} this node's (signed requests allow " \
+                f"{PEER_SIGNATURE_SKEW_MS // 1000} s)"
+        others = {pid: s for pid, s in self.clocks.items() if pid != peer_id and pid in names}
+        agreeing = sorted(names[pid] for pid, s in others.items() if abs(s) <= CLOCK_AGREE_MS)
+        if agreeing:
+            return f"{apart}; {agreeing[0]} agrees with this node, so {peer}'s clock is wrong: enable NTP " \
+                   f"there (timedatectl set-ntp true) and check its time zone setting"
+        same_way = [s for s in others.values() if abs(s) > CLOCK_WARN_MS and (s > 0) == (skew > 0)]
+        if others and len(same_way) == len(others):
+            mine = "behind" if skew > 0 else "ahead of"  # the peer's lead is this node's lag
+            return f"this node's clock is {abs(skew) / 1000:.0f} s {mine} {peer}'s, and off the same way " \
+                   f"from all {len(others) + 1} peers it reads, so this node's clock is wrong: enable NTP here " \
+                   f"(timedatectl set-ntp true)"
+        return f"{apart}; no third node can say which is right: compare both with a time server " \
+               f"(timedatectl status on each) and enable NTP on the wrong one"
+
     async def _succeeded(self, row: PoolPeer, caps: dict[str, Any]) -> None:
         if row.id in self.failures:
             log.info("%s answers its health probe again", row.node_fqdn)
@@ -265,8 +338,15 @@ class HealthPoller:
         next_at = None
         if kind in ("unauthorized", "identity_changed"):  # refusals back off from two polls to at most 15 minutes
             next_at = now + min(MAX_BACKOFF_S, self.poll_s * 2 ** min(attempts, 20))
+        skew = self.clocks.get(row.id)
+        clock_action = None
+        if kind == "unauthorized" and skew is not None and abs(skew) > PEER_SIGNATURE_SKEW_MS:
+            # refused for its timestamp: the operator is told whose clock to fix, not to re-pair
+            clock_action = self.clock_verdict(row.id)
+            detail = f"{detail}: the clocks are {abs(skew) / 1000:.0f} s apart"
         self.failures[row.id] = ProbeFailure(kind, status, detail[:300], prev.since if prev and prev.kind == kind
-                                             else now, now, attempts, next_at, action)
+                                             else now, now, attempts, next_at, action,
+                                             skew if clock_action else None, clock_action)
         strikes = row.consecutive_failures + 1
         changes: dict[str, Any] = {"consecutive_failures": strikes}
         if strikes >= UNREACHABLE_THRESHOLD or kind == "identity_changed":

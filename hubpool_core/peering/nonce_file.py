@@ -112,6 +112,7 @@ def save_nonce_cache(cache: NonceCache, path: Path, *, clean: bool) -> None:
                 os.fsync(fh.fileno())
         os.replace(temporary, path)
     except OSError as exc:
+        temporary.unlink(missing_ok=True)  # a full disk leaves no partial record behind
         # not fatal: the next start falls back to the narrow rule, and says so
         log.warning("could not write %s (%s): the next start judges older signatures by the start time", path,
                     exc.strerror or exc)

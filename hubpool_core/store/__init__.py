@@ -5,7 +5,7 @@
 - ``migrations/``: alembic's environment and one script per schema version.
 """
 
-from hubpool_core.store.db import Database
+from hubpool_core.store.db import Database, StorageRefused, storage_refusal
 from hubpool_core.store.models import (
     ApiKey,
     PoolIdentity,
@@ -16,5 +16,5 @@ from hubpool_core.store.models import (
     peer_table,
 )
 
-__all__ = ["ApiKey", "Database", "PoolIdentity", "PoolPeer", "api_key_table", "identity_table", "metadata",
-           "peer_table"]
+__all__ = ["ApiKey", "Database", "PoolIdentity", "PoolPeer", "StorageRefused", "api_key_table", "identity_table",
+           "metadata", "peer_table", "storage_refusal"]

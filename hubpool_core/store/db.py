@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import errno
 import logging
 import os
 import subprocess
@@ -52,7 +53,9 @@ class Database:
         self.url = url
         kwargs: dict[str, Any] = {}
         if url.startswith("sqlite"):
-            kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
+            # the busy timeout: how long a write waits for another writer (a CLI command on the
+            # same database, the node's own thread) before it says "busy"
+            kwargs["connect_args"] = {"check_same_thread": False, "timeout": busy_timeout_s()}
         elif url.startswith("postgresql"):
             # a pooled connection the server dropped (a restart) is found and replaced before
             # use, and a server that is gone fails a connect in seconds, not minutes
@@ -246,6 +249,53 @@ def head_revision() -> str | None:
         followed.update(down if isinstance(down, (tuple, list)) else [down])
     heads = [r for r in revisions if r not in followed]
     return heads[0] if len(heads) == 1 else None
+
+
+#: HUB_POOL_SQLITE_BUSY_TIMEOUT_S: seconds a write waits for the database's write lock (1-600)
+DEFAULT_BUSY_TIMEOUT_S = 30.0
+
+
+def busy_timeout_s() -> float:
+    try:
+        value = float(os.environ.get("HUB_POOL_SQLITE_BUSY_TIMEOUT_S", DEFAULT_BUSY_TIMEOUT_S))
+    except ValueError:
+        return DEFAULT_BUSY_TIMEOUT_S
+    return min(600.0, max(1.0, value)) if value == value else DEFAULT_BUSY_TIMEOUT_S
+
+
+class StorageRefused(Exception):
+    """A write this node could not make: its disk is full (507) or its database stayed locked by
+    another writer past the busy timeout (503, worth retrying). Nothing was half-written: the
+    database rolled the transaction back, a file write never replaced the file it was for."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+FULL_MESSAGE = ("This node's data directory is out of space ({where}): the change was not saved and nothing "
+                "was half-written. Free space on that disk (df -h {where}), then retry.")
+BUSY_MESSAGE = ("This node's database stayed locked by another writer (another hubpool command, or a second "
+                "process on the same data directory) for {timeout:.0f} s: the change was not saved. Retry; if it "
+                "keeps happening, look for a stuck hubpool process (HUB_POOL_SQLITE_BUSY_TIMEOUT_S waits longer).")
+
+
+def storage_refusal(exc: BaseException, where: str | os.PathLike[str] | None = None) -> StorageRefused | None:
+    """What a failed write means for the operator, or None when it is not a storage condition:
+    ENOSPC/EDQUOT from a file write, SQLITE_FULL, or SQLITE_BUSY/LOCKED past the busy timeout."""
+    place = str(where) if where else "the data directory"
+    if isinstance(exc, StorageRefused):
+        return exc
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StorageRefused(507, FULL_MESSAGE.format(where=place))
+    text = str(getattr(exc, "orig", None) or exc).lower()
+    if type(exc).__name__ == "OperationalError" or type(getattr(exc, "orig", None)).__name__ == "OperationalError":
+        if "disk is full" in text:
+            return StorageRefused(507, FULL_MESSAGE.format(where=place))
+        if "database is locked" in text or "database is busy" in text or "database table is locked" in text:
+            return StorageRefused(503, BUSY_MESSAGE.format(timeout=busy_timeout_s()))
+    return None
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:  # noqa: ANN001 - DB-API connection
