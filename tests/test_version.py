@@ -27,7 +27,7 @@ def test_version_names_every_workspace_distribution():
     expected = _check_wheels().workspace_distributions()
     seen = dict(line.split() for line in lines)
     assert seen == {name: info["version"] for name, info in expected.items()}
-    assert len(seen) == 13  # hubpool, eleven plugins, the simulator
+    assert len(seen) == 14  # hubpool, twelve plugins (docker_stats the newest), the simulator
 
 
 def test_version_works_after_other_words_and_in_help():

@@ -2,7 +2,7 @@
 
 The check itself is scripts/check_wheels.py, which `.ci/run` runs as its own step; this test runs
 the same script so `uv run pytest` covers it on a machine without CI. In the slow lane: it builds
-13 distributions and installs them into a fresh venv (about two minutes on 2 cores).
+14 distributions and installs them into a fresh venv (about two minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def test_wheels_install_serve_and_route_outside_the_workspace(tmp_path):
                        timeout=880, env={**os.environ, "TMPDIR": str(tmp_path)})
     assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
     out = r.stdout
-    assert "13 distributions, a wheel and an sdist each ok" in out
+    assert "14 distributions, a wheel and an sdist each ok" in out
     assert "12 plugins active by entry point ok" in out
     assert "answered a routed chat completion ok" in out
     assert "all checks passed" in out

@@ -25,6 +25,7 @@ Every process started here is ended by its own id (``procs.Started``).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import statistics
 import subprocess
@@ -430,6 +431,9 @@ def run_mesh(nodes: int = 20, poll_s: int = DEFAULT_POLL_S, idle_s: float | None
     """The whole run; RuntimeError when the mesh cannot be built."""
     if nodes < 3:
         raise ValueError("--nodes must be 3 or more (the placement figure compares N candidates with 2)")
+    if importlib.util.find_spec("hubpool_sim") is None:
+        raise RuntimeError("hubpool bench mesh needs the engine simulator, hubpool-sim (a dev dependency): run it "
+                           "from a clone with `uv run hubpool bench mesh`, or pip install the hubpool-sim wheel")
     report = MeshReport(nodes, poll_s)
     idle_s = float(idle_s if idle_s is not None else 2 * poll_s)
     with tempfile.TemporaryDirectory(prefix="hubpool-mesh-") as tmp:
