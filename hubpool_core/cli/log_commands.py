@@ -95,13 +95,7 @@ def log_cmd(
         if not entries:
             print("\nNo routing decisions in the history match.")
             return
-        print()
-        lines = table(COLUMNS, [cells(e) for e in entries])
-        print(lines[0])
-        for e, line in zip(entries, lines[1:], strict=True):
-            print(line)
-            for note in annotations(e):
-                print(f"  ↳ {note}")
+        _print_rows(entries)
         return
     summary = data.get("summary") or {}
     print(labelled("Routing log", counts_line(summary)))
@@ -110,6 +104,11 @@ def log_cmd(
     if not entries:
         print("\nNo routing decisions recorded since this node started.")
         return
+    _print_rows(entries)
+
+
+def _print_rows(entries: list[dict[str, Any]]) -> None:
+    """The rows as a table, each followed by its ↳ notes."""
     print()
     lines = table(COLUMNS, [cells(e) for e in entries])
     print(lines[0])
