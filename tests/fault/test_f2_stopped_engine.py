@@ -76,8 +76,16 @@ def test_f2_a_sigstopped_engine_fails_over_on_the_budget_and_everything_returns_
             result: list = []
             burst = threading.Thread(target=lambda: result.extend(_burst(rig, history, "f2 stopped")), daemon=True)
             burst.start()
-            time.sleep(BUDGET_MS / 2000)  # halfway to the budget: every request is waiting on hub-b
-            during = _in_flight(rig, engine=False)
+            # every request waits on hub-b until the budget: sampled until all N are seen there (the
+            # burst's eight clients can take a loaded box most of a second just to send), at most
+            # until the budget would have moved them on
+            deadline = time.monotonic() + BUDGET_MS / 1000 * 0.9
+            while True:
+                during = _in_flight(rig, engine=False)
+                settled = during["hub-a->hub-b"] == N and (not snapshot_ttl_ms or during["hub-b.local"] == N)
+                if settled or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
             burst.join(30)
             ops = result
         finally:
