@@ -19,7 +19,7 @@ from pathlib import Path
 from sqlalchemy import insert, select, update
 
 from hubpool_core.store import ApiKey, Database, api_key_table
-from hubpool_core.store.db import UNREACHABLE, storage_refusal
+from hubpool_core.store.db import UNREACHABLE
 from hubpool_core.store.models import from_row, values_of
 
 log = logging.getLogger("hubpool.access")
@@ -103,10 +103,9 @@ class KeyStore:
                 row = conn.execute(select(api_key_table.c.id, api_key_table.c.scope, api_key_table.c.revoked_at)
                                    .where(api_key_table.c.key_hash == digest)).first()
         except UNREACHABLE as exc:
-            if storage_refusal(exc) is None:
-                # the database is down: a key this process has already seen valid still works (as
-                # routing goes on from the peers in memory); a new one waits for the database
-                self.db.mark_down(exc)
+            # the database is down: a key this process has already seen valid still works (as
+            # routing goes on from the peers in memory); a new one waits for the database
+            self.db.mark_down(exc)
             return self._seen.get(digest)
         if row is None or row.revoked_at is not None:
             self._seen.pop(digest, None)

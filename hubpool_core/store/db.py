@@ -80,6 +80,11 @@ class Database:
         return self.down_since is None
 
     def mark_down(self, exc: BaseException) -> None:
+        """Record that the database cannot be reached. A full disk or a lock held past the
+        busy timeout raises the same driver error but is no outage: the database answers, the
+        one write is refused (storage_refusal says how), and nothing is marked."""
+        if storage_refusal(exc) is not None:
+            return
         first = self.down_since is None
         self.last_error = describe(exc)
         if first:
