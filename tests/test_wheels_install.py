@@ -26,6 +26,6 @@ def test_wheels_install_serve_and_route_outside_the_workspace(tmp_path):
     assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
     out = r.stdout
     assert "14 distributions, a wheel and an sdist each ok" in out
-    assert "12 plugins active by entry point ok" in out
+    assert "13 plugins active by entry point ok" in out
     assert "answered a routed chat completion ok" in out
     assert "all checks passed" in out
