@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -133,3 +134,37 @@ def test_serve_refuses_a_newer_database_with_a_sentence(tmp_path):
     assert done.returncode == 1
     assert "written by a newer hubpool" in done.stderr and "never downgrades a schema" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def _cli(data, *args: str, **extra: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HUB_POOL_")}
+    env.update({"HUB_POOL_DATA_DIR": str(data), "COLUMNS": "400", "HUB_POOL_TAILSCALE_CLI": "/nonexistent/tailscale",
+                **extra})
+    return subprocess.run([sys.executable, "-m", "hubpool_core.cli", *args], env=env, capture_output=True,
+                          text=True, timeout=60, stdin=subprocess.DEVNULL)
+
+
+def test_api_key_commands_refuse_a_newer_database_with_a_sentence(tmp_path):
+    data = copy_fixture(tmp_path / "data")
+    db = Database(f"sqlite:///{data / 'hubpool.db'}")
+    db.migrate()
+    _newer(db)
+    db.dispose()
+    for args in (("api-key", "list"), ("api-key", "create", "--scope", "inference"), ("api-key", "revoke", "x")):
+        done = _cli(data, *args)
+        assert done.returncode == 1, (args, done.stderr)
+        assert "written by a newer hubpool" in done.stderr and "Traceback" not in done.stderr, (args, done.stderr)
+    with db.engine.connect() as conn:  # untouched
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == ["0099"]
+    db.dispose()
+
+
+def test_api_key_commands_say_an_unreachable_database_plainly(tmp_path):
+    with socket.socket() as s:  # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"postgresql+psycopg://hub:s3cret-pw@127.0.0.1:{port}/hubpool"
+    done = _cli(tmp_path, "api-key", "list", HUB_POOL_DATABASE_URL=url)
+    assert done.returncode == 69, done.stderr
+    assert "cannot reach the database at postgresql+psycopg://hub:***@127.0.0.1" in done.stderr, done.stderr
+    assert "s3cret-pw" not in done.stderr + done.stdout and "Traceback" not in done.stderr, done.stderr

@@ -213,16 +213,33 @@ def main() -> None:
     try:
         app()
     except Exception as exc:
-        # a command that writes this machine's store directly (api-key create, revoke) on a full
-        # disk or a database another writer holds past the busy timeout: a sentence, not a
-        # traceback, and an exit code a script can act on (75: try again later, 74: I/O)
-        from hubpool_core.store import storage_refusal
-
-        refused = storage_refusal(exc, EnvSettings().data_dir)
-        if refused is None:
+        message, code = _store_failure(exc)
+        if message is None:
             raise
-        err.print(f"[red]error:[/red] {refused.message}", highlight=False, soft_wrap=True)
-        raise SystemExit(75 if refused.status == 503 else 74) from None
+        err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+        raise SystemExit(code) from None
+
+
+def _store_failure(exc: BaseException) -> tuple[str | None, int]:
+    """What a command that opens this machine's store directly (api-key create, list, revoke)
+    tells the operator when the store fails it, and its exit code; (None, 0) for anything else.
+
+    A sentence, never a traceback, and a code a script can act on: 75 try again later (busy
+    lock), 74 I/O (full disk), 69 the database is unreachable, 1 a schema from a newer release."""
+    from hubpool_core.store import storage_refusal
+    from hubpool_core.store.db import SchemaTooNew, describe, redacted
+
+    if isinstance(exc, SchemaTooNew):
+        return str(exc), 1
+    env = EnvSettings()
+    refused = storage_refusal(exc, env.data_dir)
+    if refused is not None:
+        return refused.message, 75 if refused.status == 503 else 74
+    if type(exc).__name__ == "OperationalError":  # SQLAlchemy's: the server is down or refuses us
+        url = redacted(env.resolved_database_url())
+        return (f"cannot reach the database at {url} ({describe(exc)}). Start it, or check "
+                "HUB_POOL_DATABASE_URL, then run the command again."), 69
+    return None, 0
 
 
 # the other verbs live in their own modules; importing them registers them on `app`
