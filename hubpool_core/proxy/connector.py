@@ -7,6 +7,8 @@ separate because it wraps aiohttp's connection pool, which nothing else in the r
 from __future__ import annotations
 
 import contextvars
+import logging
+import socket
 import weakref
 from typing import Any
 
@@ -22,6 +24,35 @@ class SendState:
     def __init__(self, fresh: bool = False) -> None:
         self.reused = False
         self.fresh = fresh
+
+
+log = logging.getLogger("hubpool.proxy")
+
+#: TCP keepalive on every upstream connection: after this long with nothing heard, the kernel
+#: asks the far end every KEEPALIVE_INTERVAL_S, and gives the connection up after
+#: KEEPALIVE_PROBES unanswered asks. A live peer's kernel answers however long its engine
+#: thinks, so only a peer that vanished (powered off, asleep, moved, partitioned away) is cut:
+#: without it a stream already committed to the app waits on it forever, holding that peer's
+#: queue slot, because a socket that only receives never times out on its own.
+KEEPALIVE_IDLE_S = 10
+KEEPALIVE_INTERVAL_S = 5
+KEEPALIVE_PROBES = 4
+#: what that adds up to: a vanished peer's stream ends this long after its last byte
+KEEPALIVE_GIVE_UP_S = KEEPALIVE_IDLE_S + KEEPALIVE_INTERVAL_S * KEEPALIVE_PROBES
+
+
+def keep_alive(sock: Any) -> None:
+    """Turn on TCP keepalive with the timings above (where the platform has the options)."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        # Linux names the idle option TCP_KEEPIDLE, macOS TCP_KEEPALIVE
+        idle = getattr(socket, "TCP_KEEPIDLE", None) or getattr(socket, "TCP_KEEPALIVE", None)
+        for option, value in ((idle, KEEPALIVE_IDLE_S), (getattr(socket, "TCP_KEEPINTVL", None), KEEPALIVE_INTERVAL_S),
+                              (getattr(socket, "TCP_KEEPCNT", None), KEEPALIVE_PROBES)):
+            if option is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, option, value)
+    except OSError as exc:  # a socket type without the options: the stream just has no such bound
+        log.debug("TCP keepalive not set on an upstream connection: %s", exc)
 
 
 #: set by the relay around one upstream request (the request's task copies it, the object is shared)
@@ -67,6 +98,9 @@ class ReuseAwareConnector(aiohttp.TCPConnector):
                     state.reused = True
             else:
                 self._handed_out.add(proto)
+                sock = proto.transport.get_extra_info("socket") if proto.transport is not None else None
+                if sock is not None:
+                    keep_alive(sock)
         return conn
 
     def forget_address(self, host: str | None, port: int | None) -> None:

@@ -380,6 +380,60 @@ def test_n1_a_node_whose_address_changes(rig, report):
                                              "movedToForwardedAgainS": round(back_s, 2)})
 
 
+def test_n1_a_peer_that_vanishes_mid_stream_is_given_up(rig, report):
+    """A forward already streaming when its peer vanishes cannot move (its answer is committed),
+    but it must not wait on the peer forever either: a socket that only receives never times
+    out by itself, so the stream, and the peer's queue slot with it, were held until the app
+    hung up. TCP keepalive on the relay's upstream connections ends it within
+    KEEPALIVE_GIVE_UP_S of the last byte, as a truncated answer the routing log says is one."""
+    from hubpool_core.proxy.connector import KEEPALIVE_GIVE_UP_S
+    from hubpool_core.proxy.output_check import TRUNCATED
+
+    a = rig.nodes["hub-a"]
+
+    def forwarded_to_b() -> int:
+        """hub-a's count of its requests in flight at hub-b (its /status)."""
+        peers = a.op("GET", "/status", timeout=5)["peers"]
+        return next(p["inFlightRequests"] for p in peers if p["nodeFqdn"] == rig.fqdns["hub-b"])
+
+    # hub-a's work is pinned to hub-b: 20,000 tokens at 5 ms is a 100 s answer
+    body = {**chat_body("/v1/chat/completions", "n1 vanishing peer"), "max_tokens": 20_000}
+    frames, done, rid = 0, False, None
+    with httpx.Client(timeout=httpx.Timeout(KEEPALIVE_GIVE_UP_S + 60.0), trust_env=False) as c:
+        with c.stream("POST", f"{a.url}/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200, r.read()
+            rid = r.headers["x-hub-pool-request-id"]
+            assert r.headers["x-hub-pool-served-by"] == rig.fqdns["hub-b"], dict(r.headers)
+            lines = r.iter_lines()
+            for line in lines:
+                frames += line.startswith("data: {")
+                if frames >= 20:
+                    break
+            assert frames >= 20, "the stream ended before the cut"
+            in_flight = forwarded_to_b()
+            cut = time.monotonic()
+            rig.netns.partition(["hub-a"], ["hub-b"])
+            try:
+                for line in lines:
+                    frames += line.startswith("data: {")
+                    done = done or line == "data: [DONE]"
+            except httpx.HTTPError:
+                pass  # a cut body may also end as a transport error: the end is what is checked
+            ended = time.monotonic() - cut
+            after = forwarded_to_b()
+    rig.netns.heal()
+    converged = Run(rig).converge(time.monotonic(), limit=30)
+    assert not done, "a 100 s answer finished across a partition"
+    assert ended <= KEEPALIVE_GIVE_UP_S + 10, ended
+    assert ended >= 5, f"the stream ended {ended:.1f}s after the cut: not the keepalive"
+    row = next(r for r in rig.log("hub-a") if r["id"] == rid)
+    assert row["outcome"] == "failed" and row["reason"].startswith(TRUNCATED), row
+    assert in_flight == 1 and after == 0, (in_flight, after)
+    report("N1-vanished-mid-stream", {"framesBeforeEnd": frames, "cutToStreamEndS": round(ended, 2),
+                                      "keepaliveGiveUpS": KEEPALIVE_GIVE_UP_S, "healToConvergedS": round(converged, 2),
+                                      "reason": row["reason"]})
+
+
 def test_n1_a_killed_runs_leftovers_are_swept():
     """A run killed before its finalizers (CI's timeout, a ^C twice) leaves its namespaces, the
     processes inside and its bridge: the next rig removes them before it builds its own."""
