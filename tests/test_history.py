@@ -1,7 +1,7 @@
 """Routing history (HUB_POOL_HISTORY, docs/history.md): settled routing-log rows written in
 batches off the hot path, exactly as the ring holds them, read back by the operator route and
-`hubpool log --since`, pruned by retention, kept across a restart; the store half on SQLite and
-PostgreSQL (the store_url fixture)."""
+`hubpool log --since`, pruned by retention, kept across a restart; on SQLite and PostgreSQL (the
+store_url fixture), through running nodes as well as the store alone."""
 
 from __future__ import annotations
 
@@ -58,9 +58,35 @@ def _cli(node, *args: str) -> subprocess.CompletedProcess:
 HISTORY_ON = {"HUB_POOL_HISTORY": "sqlite", "HUB_POOL_HISTORY_FLUSH_MS": "100"}
 
 
-def test_settled_rows_are_kept_exactly_as_the_ring_holds_them_and_survive_a_restart(tmp_path, ollama_sim):
+def _history_env(request, store_url) -> dict[str, str]:
+    """HISTORY_ON for a node: ``sqlite`` in its data directory, or (the PostgreSQL run of
+    store_url) a fresh database URL on the test cluster."""
+    if request.node.callspec.params["store_url"] == "sqlite":
+        return dict(HISTORY_ON)
+    return {**HISTORY_ON, "HUB_POOL_HISTORY": store_url("history")}
+
+
+def _raw_history(data, setting: str) -> bytes:
+    """Every byte the history holds: the SQLite files, or every column of every PostgreSQL row."""
+    if setting == "sqlite":
+        assert (data / "history.db").exists()
+        return b"".join(p.read_bytes() for p in data.glob("history.db*"))
+    from sqlalchemy import text
+
+    db = Database(setting)
+    try:
+        with db.engine.connect() as conn:
+            rows = conn.execute(text("SELECT * FROM hub_pool_routing_history")).all()
+    finally:
+        db.dispose()
+    assert rows
+    return repr(rows).encode()
+
+
+def test_settled_rows_are_kept_exactly_as_the_ring_holds_them_and_survive_a_restart(request, store_url, tmp_path,
+                                                                                      ollama_sim):
     data = tmp_path / "node"
-    env = {"OLLAMA_URL": ollama_sim.url, **HISTORY_ON}
+    env = {"OLLAMA_URL": ollama_sim.url, **_history_env(request, store_url)}
     with RunningNode(data, env) as node:
         served = [chat(node, "llama3.2:3b") for _ in range(3)]
         missing = chat(node, "no-such-model:1b")
@@ -73,10 +99,8 @@ def test_settled_rows_are_kept_exactly_as_the_ring_holds_them_and_survive_a_rest
         assert entry == ring[entry["id"]]  # the whole row, field for field
     assert [e["outcome"] for e in found["entries"]].count("failed") == 1
     assert status["enabled"] is True and status["written"] == 4 and status["error"] is None
-    history_db = data / "history.db"
-    assert history_db.exists()
-    raw = b"".join(p.read_bytes() for p in data.glob("history.db*"))
-    assert SECRET.encode() not in raw  # metadata only: never a prompt
+    raw = _raw_history(data, env["HUB_POOL_HISTORY"])
+    assert b"llama3.2:3b" in raw and SECRET.encode() not in raw  # metadata only: never a prompt
 
     with RunningNode(data, env) as again:  # a restart: the ring is empty, the history is not
         assert get(again, "/routing-log")["entries"] == []
@@ -84,8 +108,8 @@ def test_settled_rows_are_kept_exactly_as_the_ring_holds_them_and_survive_a_rest
     assert [e["id"] for e in after["entries"]] == [e["id"] for e in found["entries"]]
 
 
-def test_filters_through_the_route_and_the_cli(tmp_path, ollama_sim):
-    with RunningNode(tmp_path / "node", {"OLLAMA_URL": ollama_sim.url, **HISTORY_ON}) as node:
+def test_filters_through_the_route_and_the_cli(request, store_url, tmp_path, ollama_sim):
+    with RunningNode(tmp_path / "node", {"OLLAMA_URL": ollama_sim.url, **_history_env(request, store_url)}) as node:
         for _ in range(2):
             assert chat(node, "llama3.2:3b").status_code == 200
         assert chat(node, "no-such-model:1b").status_code >= 400
