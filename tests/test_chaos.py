@@ -419,7 +419,7 @@ def test_killing_a_peer_every_10s_under_32_streams_loses_no_request_before_heade
         boots = [(e["asked"], e["log"]) for e in events] + [(time.monotonic(), logs[VICTIM])]
         boot_ids = [lg["summary"]["bootId"] for _, lg in boots if lg is not None]
         assert len(set(boot_ids)) == len(boot_ids), "each restart of the victim is a new boot"
-        checked, previous_kill = 0, float("-inf")
+        checked, headers_lost, previous_kill = 0, 0, float("-inf")
         for (asked, b_log), killed in zip(boots, [e["killed"] for e in events] + [float("inf")]):
             if b_log is None:
                 previous_kill = killed
@@ -439,6 +439,15 @@ def test_killing_a_peer_every_10s_under_32_streams_loses_no_request_before_heade
                     if not any(rid in w for w in warmup_rows.values()):
                         problems.append(f"{VICTIM} boot {boot}: inbound row no client sent: {row}")
                 elif row["outcome"] == "served" and op.served_by != victim_fqdn:
+                    # the one race this read allows: the victim sets `served` just before its
+                    # headers go out, this log was read, and the kill landed before they left,
+                    # so the sender saw the connection die with no answer and failed over
+                    sender = out_rows[op.entry].get(rid) or {}
+                    died = [a for a in sender.get("attempts") or []
+                            if a["node"] == victim_fqdn and (a.get("reason") or "").startswith("fetch failed")]
+                    if died and op.start < killed and op.headers_at is not None and op.headers_at > killed:
+                        headers_lost += 1
+                        continue
                     problems.append(f"{VICTIM} boot {boot}: served a request its sender says {op.served_by} "
                                     f"served: {row} / {op.brief()}")
                 elif row["outcome"] == "failed":
@@ -461,6 +470,7 @@ def test_killing_a_peer_every_10s_under_32_streams_loses_no_request_before_heade
             problems.append(f"the engines saw {engine_chats} chat requests, fewer than the {len(ops)} answers "
                             f"(+{len(ENTRIES)} warm-up)")
         report["victimRowsChecked"] = checked
+        report["victimServedButKilledBeforeItsHeadersLeft"] = headers_lost
         report["victimBootsLogged"] = len(boot_ids)
         print("victim inbound rows checked across its boots:", checked, "; engine chat requests:", engine_chats)
         assert not problems, "\n".join(problems[:40]) + f"\n({len(problems)} problems)"
