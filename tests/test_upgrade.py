@@ -120,20 +120,14 @@ def test_a_schema_from_a_newer_release_is_refused_not_downgraded(store_url):
     db.dispose()
 
 
-def test_serve_refuses_a_newer_database_with_a_sentence(tmp_path):
+def _newer_fixture(tmp_path):
+    """A copy of the fixture data directory whose database a newer release has migrated."""
     data = copy_fixture(tmp_path / "data")
     db = Database(f"sqlite:///{data / 'hubpool.db'}")
     db.migrate()
     _newer(db)
     db.dispose()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HUB_POOL_")}
-    env.update({"HUB_POOL_DATA_DIR": str(data), "HUB_POOL_LISTEN": "127.0.0.1:0", "COLUMNS": "400",
-                "HUB_POOL_TAILSCALE_CLI": "/nonexistent/tailscale"})
-    done = subprocess.run([sys.executable, "-m", "hubpool_core.cli", "serve"], env=env, capture_output=True,
-                          text=True, timeout=60, stdin=subprocess.DEVNULL)
-    assert done.returncode == 1
-    assert "written by a newer hubpool" in done.stderr and "never downgrades a schema" in done.stderr
-    assert "Traceback" not in done.stderr
+    return data, db
 
 
 def _cli(data, *args: str, **extra: str) -> subprocess.CompletedProcess:
@@ -144,12 +138,16 @@ def _cli(data, *args: str, **extra: str) -> subprocess.CompletedProcess:
                           text=True, timeout=60, stdin=subprocess.DEVNULL)
 
 
+def test_serve_refuses_a_newer_database_with_a_sentence(tmp_path):
+    data, _ = _newer_fixture(tmp_path)
+    done = _cli(data, "serve", HUB_POOL_LISTEN="127.0.0.1:0")
+    assert done.returncode == 1
+    assert "written by a newer hubpool" in done.stderr and "never downgrades a schema" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_api_key_commands_refuse_a_newer_database_with_a_sentence(tmp_path):
-    data = copy_fixture(tmp_path / "data")
-    db = Database(f"sqlite:///{data / 'hubpool.db'}")
-    db.migrate()
-    _newer(db)
-    db.dispose()
+    data, db = _newer_fixture(tmp_path)
     for args in (("api-key", "list"), ("api-key", "create", "--scope", "inference"), ("api-key", "revoke", "x")):
         done = _cli(data, *args)
         assert done.returncode == 1, (args, done.stderr)
