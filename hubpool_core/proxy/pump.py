@@ -1,9 +1,10 @@
-"""Committing to an answer and passing its bytes: the routing-log fields and headers of a
-committed answer (the engine's own, minus hop-by-hop, plus this node's attribution), then
-the byte pump that passes chunks as they arrive (through the translator when the engine
-speaks another dialect) until the stream ends, breaks, or the app hangs up. Once committed
-there is no failover. It is separate because it is the loop every streamed byte runs through:
-it must do nothing per chunk beyond reading, feeding the judge and sending.
+"""Committing to an answer and passing its bytes: holding a stream until its first real
+content (the commit point, issue 28), the routing-log fields and headers of a committed
+answer (the engine's own, minus hop-by-hop, plus this node's attribution), then the byte
+pump that passes chunks as they arrive (through the translator when the engine speaks
+another dialect) until the stream ends, breaks, or the app hangs up. Once committed there is
+no failover. It is separate because it is the loop every streamed byte runs through: it must
+do nothing per chunk beyond reading, feeding the judge and sending.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import aiohttp
 from starlette.types import Send
 
 from hubpool_core.placement import Candidate
-from hubpool_core.proxy.attempt import transport_code
+from hubpool_core.proxy.attempt import Failed, transport_code
+from hubpool_core.proxy.content import FirstContent
+from hubpool_core.proxy.front import Front
 from hubpool_core.proxy.hangup import ClientGone, Hangup
 from hubpool_core.proxy.judge import final_frame_check, stream_ended
 from hubpool_core.proxy.output_check import TRUNCATED, StreamJudge
@@ -26,6 +29,37 @@ from hubpool_core.proxy.plan import STREAM_TYPES, RelayPlan, attribution, pass_h
 from hubpool_core.proxy.translate import Translator, judged_dialect
 
 log = logging.getLogger("hubpool.relay")
+
+#: a stream that has sent this much without a frame this node reads as real content is
+#: committed all the same: what it cannot read, it does not hold back
+MAX_HELD_BYTES = 64 * 1024
+
+
+async def hold(plan: RelayPlan, hangup: Hangup, upstream: aiohttp.ClientResponse, translator: Translator | None,
+               attempt_started: float) -> bytes:
+    """Read a 200 stream until a chunk completes its first frame of real content (a role-only
+    or empty delta, an opening event, a ping or a comment is not) and return the bytes read,
+    which the commit sends first. Nothing has reached the app yet, so a stream that has no real
+    content within the first-byte budget (TimeoutError), or ends or breaks before any (Failed),
+    is passed over like one that sent no headers."""
+    first = FirstContent(judged_dialect(plan.dialect, translator))
+    held = b""
+    reader = upstream.content
+    while True:
+        remaining = plan.budget_ms / 1000 - (time.monotonic() - attempt_started)
+        if remaining <= 0:
+            raise TimeoutError()
+        try:
+            chunk = await hangup.until(reader.readany(), remaining)
+        except aiohttp.ClientError as exc:
+            raise Failed(200, f"{TRUNCATED} ({transport_code(exc)}, before its first token)") from None
+        if not chunk:
+            if first.end():
+                return held
+            raise Failed(200, f"{TRUNCATED} (the stream ended before its first token)")
+        held += chunk
+        if first.feed(chunk) or len(held) > MAX_HELD_BYTES:
+            return held
 
 
 async def commit(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, upstream: aiohttp.ClientResponse,
@@ -64,7 +98,12 @@ async def commit(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, upstrea
         else:
             headers = pass_headers(upstream) + headers
             await send({"type": "http.response.start", "status": status, "headers": headers})
-            if held is not None and upstream.content.at_eof():
+            send = body_send(send)
+            if held is not None and streamed:
+                # a stream held to its first real content: the pump sends those bytes first
+                await pump(node, plan, hangup, send, upstream, lambda chunk: (chunk,), judge=judge, cand=cand,
+                           first=held)
+            elif held is not None and upstream.content.at_eof():
                 # the whole answer is held: one body message, so one write to the app, not two
                 await send({"type": "http.response.body", "body": held, "more_body": False})
             else:
@@ -93,20 +132,32 @@ async def relay_translated(node: Any, plan: RelayPlan, hangup: Hangup, send: Sen
         return
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", translator.stream_content_type)] + headers})
-    await pump(node, plan, hangup, send, upstream, translator.feed, tail=translator.end, judge=judge, cand=cand)
+    await pump(node, plan, hangup, body_send(send), upstream, translator.feed, tail=translator.end, judge=judge,
+               cand=cand, first=held)
+
+
+def body_send(send: Send) -> Send:
+    """The send an answer's body goes through once its start has gone (see proxy/front.py)."""
+    return send.for_body() if isinstance(send, Front) else send
 
 
 async def pump(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, upstream: aiohttp.ClientResponse,
                convert: Callable[[bytes], Iterable[bytes]], tail: Callable[[], Iterable[bytes]] | None = None,
-               judge: StreamJudge | None = None, cand: Candidate | None = None) -> None:
-    """Pass chunks as they arrive; stop (closing upstream) when the app hangs up. A judged
-    stream is read on the way past: its first slice and last line, nothing recalled."""
+               judge: StreamJudge | None = None, cand: Candidate | None = None, first: bytes | None = None) -> None:
+    """Pass chunks as they arrive (``first``: what was read before the commit, sent before
+    them); stop (closing upstream) when the app hangs up. A judged stream is read on the way
+    past: its first slice and last line, nothing recalled."""
     row, log_ = plan.row, node.routing_log
     reader = upstream.content
     gone = hangup.gone
     dropped = False
     hangup.live = upstream
     try:
+        if first:
+            if judge is not None:
+                judge.feed(first)
+            for out in convert(first):
+                await send({"type": "http.response.body", "body": out, "more_body": True})
         while True:
             if gone.is_set():
                 raise ClientGone()

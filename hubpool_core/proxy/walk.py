@@ -24,11 +24,12 @@ from hubpool_core.engine import AGENT_DIALECTS, RESPONSES
 from hubpool_core.models_ids import fold_model_id
 from hubpool_core.proxy.attempt import Failed, send_attempt, transport_code
 from hubpool_core.proxy.failover import exhausted, fails_over, passed_over
+from hubpool_core.proxy.front import Front, keepalive_eligible
 from hubpool_core.proxy.hangup import ClientGone, Hangup
 from hubpool_core.proxy.judge import clean, output_fault, read_whole, sample, unservable
-from hubpool_core.proxy.output_check import COMPLETION_ROUTES, judge_whole
+from hubpool_core.proxy.output_check import COMPLETION_ROUTES, TRUNCATED, judge_whole
 from hubpool_core.proxy.plan import STREAM_TYPES, RelayPlan
-from hubpool_core.proxy.pump import commit
+from hubpool_core.proxy.pump import commit, hold
 from hubpool_core.proxy.response_homes import response_id
 from hubpool_core.proxy.translate import dialect_error, judged_dialect
 from hubpool_core.proxy.verdicts import (
@@ -61,10 +62,14 @@ class RelayResponse(Response):
             send = self.node.tracer.watch(span, send)
         watcher = asyncio.ensure_future(hangup.watch(receive))
         started = time.monotonic()
+        every = self.node.settings.current.poolStreamKeepAliveMs
+        front = Front(self.plan, send, every, hangup.gone) if keepalive_eligible(self.plan, every) else None
         try:
-            await walk(self.node, self.plan, hangup, send, started)
+            await walk(self.node, self.plan, hangup, front or send, started)
         finally:
             watcher.cancel()
+            if front is not None:
+                await front.close()
             row = self.plan.row
             if row["totalMs"] is None:
                 row["totalMs"] = int((time.monotonic() - started) * 1000)
@@ -90,6 +95,9 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
     failures: list[Failed] = []
     pending: Verdict | None = None
     judged = plan.route in COMPLETION_ROUTES  # the leaf judges the same bytes as the entry node
+    # a stream is committed at its first real content, on the node the app asked (a leaf
+    # serving a forward relays at once: the entry node holds and judges those same bytes)
+    first_token = judged and plan.inbound_from is None and bool(node.settings.current.poolStreamFirstToken)
     # the current attempt's trace span (set only when the plan has a span)
     attempt_span: Any = None
     for attempt, cand in enumerate(plan.candidates, start=1):
@@ -111,15 +119,10 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
             try:
                 upstream, translator = await send_attempt(node, plan, cand, hangup, attempt_started, attempt_span)
             except ClientGone:
-                waited = int((time.monotonic() - started) * 1000)
-                log_.touch(row, outcome="failed", status=None, clientClosed=True, durationMs=waited,
-                           reason=f"the app closed its connection after {waited} ms; {cand.node} had not "
-                                  "answered yet")
+                _client_gone(node, plan, cand, started)
                 return
             except TimeoutError:
-                if plan.stream and plan.route in COMPLETION_ROUTES:
-                    node.throughput.record_deadline_miss(cand.node, cand.backend, fold_model_id(plan.model),
-                                                         plan.estimated_tokens, plan.budget_ms)
+                _deadline_missed(node, plan, cand)
                 raise Failed(None, f"No response headers within {plan.budget_ms}ms", deadline=True) from None
             except aiohttp.ClientError as exc:
                 raise Failed(None, f"fetch failed ({transport_code(exc)})") from None
@@ -165,6 +168,21 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
                     plan.row_fault = fault
                 else:
                     clean(node, plan.model, cand)
+            elif first_token and status == 200 and streamed:
+                try:
+                    held = await hold(plan, hangup, upstream, translator, attempt_started)
+                except ClientGone:
+                    upstream.close()
+                    _client_gone(node, plan, cand, started)
+                    return
+                except TimeoutError:
+                    upstream.close()
+                    _deadline_missed(node, plan, cand)
+                    raise Failed(None, f"no first token within {plan.budget_ms}ms", deadline=True) from None
+                except Failed as failure:
+                    upstream.close()
+                    output_fault(node, plan.model, cand, TRUNCATED)
+                    raise failure
             try:
                 judge = await commit(node, plan, hangup, send, upstream, cand, translator, started, held=held,
                                      judged=judged)
@@ -197,3 +215,17 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
         await send_verdict(node, plan, send, last_verdict, basis, confirms, started)
         return
     await exhausted(node, plan, send, failures, started)
+
+
+def _client_gone(node: Any, plan: RelayPlan, cand: Any, started: float) -> None:
+    waited = int((time.monotonic() - started) * 1000)
+    node.routing_log.touch(plan.row, outcome="failed", status=None, clientClosed=True, durationMs=waited,
+                           reason=f"the app closed its connection after {waited} ms; {cand.node} had not "
+                                  "answered yet")
+
+
+def _deadline_missed(node: Any, plan: RelayPlan, cand: Any) -> None:
+    """A streamed completion ran out of its first-byte budget: throughput evidence."""
+    if plan.stream and plan.route in COMPLETION_ROUTES:
+        node.throughput.record_deadline_miss(cand.node, cand.backend, fold_model_id(plan.model),
+                                             plan.estimated_tokens, plan.budget_ms)

@@ -84,6 +84,14 @@ SETTING_WORDS: dict[str, tuple[str, str]] = {
     "poolRouteAppsAlways": (
         "Send apps through the pool even with no peer",
         "Off: while no peer is connected, the client handout points apps straight at this node's engines."),
+    "poolStreamFirstToken": (
+        "Hold a stream until its first real token",
+        "1: an answer reaches the app only once its engine sends real content, so an engine that sends "
+        "headers and then nothing is passed over within the first-byte deadline. 0 commits at the headers."),
+    "poolStreamKeepAliveMs": (
+        "Keep a waiting agent stream alive every (ms)",
+        "A streamed agent or chat request with no answer yet gets its headers after this long and a "
+        "keep-alive at this cadence, so the client's idle timeout does not cut a long prompt. 0 is off."),
     "maxNumCtx": (
         "Context window cap (tokens)",
         "The largest context window this node runs a model at; larger requests are sent to a node without "
