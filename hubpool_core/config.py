@@ -226,6 +226,12 @@ class PoolSettings(BaseModel):
     #: app after this long and kept alive at this cadence (Claude Code and Codex give up on a
     #: stream silent for 300 s); 0 is off
     poolStreamKeepAliveMs: int = Field(default=15_000, ge=0, le=290_000)
+    #: a committed stream with no new content for this long ends as `stalled` (the dialect's
+    #: error event; struck like an output fault). 120 s: over the longest silence a healthy
+    #: engine keeps mid-answer on a slow box (docs/reliability.md), under the agents' 300 s; 0 is off
+    poolStreamStallMs: int = Field(default=120_000, ge=0, le=3_600_000)
+    #: 1 ends a stream whose text loops (proxy/loops.py) as `degenerate-loop`; 0 is off
+    poolStreamLoopGuard: int = Field(default=1, ge=0, le=1)
     #: inference preferences (PATCH /api/inference/preferences): this node's context cap and
     #: its statement of the engine's parallel slots; None is "not stated", never unlimited
     maxNumCtx: int | None = Field(default=None, ge=256, le=1_048_576)

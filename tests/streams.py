@@ -48,6 +48,14 @@ def start_pool(stack: ExitStack, root: Path, *, tokens: int = 12, text: str = "t
     return nodes, sims
 
 
+def forgive(nodes: dict[str, RunningNode]) -> None:
+    """Forget every strike the last test's faults earned (two strikes withhold an engine for a
+    minute, and each test here means to ask the same engine again)."""
+    for node in nodes.values():
+        for book in (node.node.output_quarantine, node.node.unservable):
+            book._records.clear()  # test hygiene between cases, not a product path
+
+
 def sim_for(sims: dict[str, ThreadedSimServer], hub: str, model: str) -> ThreadedSimServer:
     return sims[f"{hub}-{'llamacpp' if model == NATIVE_MODEL else 'ollama'}"]
 

@@ -23,10 +23,11 @@ from hubpool_core.proxy.attempt import Failed, transport_code
 from hubpool_core.proxy.content import FirstContent
 from hubpool_core.proxy.front import Front
 from hubpool_core.proxy.hangup import ClientGone, Hangup
-from hubpool_core.proxy.judge import final_frame_check, stream_ended
+from hubpool_core.proxy.judge import final_frame_check, output_fault, stream_ended
 from hubpool_core.proxy.output_check import TRUNCATED, StreamJudge
 from hubpool_core.proxy.plan import STREAM_TYPES, RelayPlan, attribution, pass_headers, request_error
 from hubpool_core.proxy.translate import Translator, judged_dialect
+from hubpool_core.proxy.watch import StreamWatch, ending, watch_for
 
 log = logging.getLogger("hubpool.relay")
 
@@ -87,14 +88,15 @@ async def commit(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, upstrea
     if plan.inbound_from is not None:  # the sender's view of this node, fresher than its poll
         headers.append((b"x-hub-pool-in-flight", str(node.load.local).encode()))
     headers += [(k.lower().encode(), v.encode()) for k, v in plan.context_headers().items()]
-    judge = None
+    judge = watch = None
     if judged and status == 200 and streamed:
         # judged in the engine's own dialect: a translated stream is judged on its upstream bytes
         judge = StreamJudge(judged_dialect(plan.dialect, translator), final_frame_check(node, cand))
+        watch = watch_for(node, plan, upstream, judged_dialect(plan.dialect, translator))
     try:
         if translator is not None:
             await relay_translated(node, plan, hangup, send, upstream, cand, translator, streamed, headers, held,
-                                       judge)
+                                   judge, watch)
         else:
             headers = pass_headers(upstream) + headers
             await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -102,15 +104,18 @@ async def commit(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, upstrea
             if held is not None and streamed:
                 # a stream held to its first real content: the pump sends those bytes first
                 await pump(node, plan, hangup, send, upstream, lambda chunk: (chunk,), judge=judge, cand=cand,
-                           first=held)
+                           first=held, watch=watch)
             elif held is not None and upstream.content.at_eof():
                 # the whole answer is held: one body message, so one write to the app, not two
                 await send({"type": "http.response.body", "body": held, "more_body": False})
             else:
                 if held is not None:
                     await send({"type": "http.response.body", "body": held, "more_body": True})
-                await pump(node, plan, hangup, send, upstream, lambda chunk: (chunk,), judge=judge, cand=cand)
+                await pump(node, plan, hangup, send, upstream, lambda chunk: (chunk,), judge=judge, cand=cand,
+                           watch=watch)
     finally:
+        if watch is not None:
+            watch.stop()
         upstream.release() if upstream.content.at_eof() else upstream.close()
     row["totalMs"] = int((time.monotonic() - started) * 1000)
     log_.touch(row)
@@ -119,7 +124,8 @@ async def commit(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, upstrea
 
 async def relay_translated(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, upstream: aiohttp.ClientResponse,
                            cand: Candidate, translator: Translator, streamed: bool,
-                           headers: list[tuple[bytes, bytes]], held: bytes | None, judge: StreamJudge | None) -> None:
+                           headers: list[tuple[bytes, bytes]], held: bytes | None, judge: StreamJudge | None,
+                           watch: StreamWatch | None = None) -> None:
     """Send the answer in the app's dialect. The judge reads the upstream bytes before the
     translator does, and the stream is concluded with its candidate like any other."""
     status = upstream.status
@@ -133,7 +139,7 @@ async def relay_translated(node: Any, plan: RelayPlan, hangup: Hangup, send: Sen
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", translator.stream_content_type)] + headers})
     await pump(node, plan, hangup, body_send(send), upstream, translator.feed, tail=translator.end, judge=judge,
-               cand=cand, first=held)
+               cand=cand, first=held, watch=watch, translator=translator)
 
 
 def body_send(send: Send) -> Send:
@@ -143,22 +149,28 @@ def body_send(send: Send) -> Send:
 
 async def pump(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, upstream: aiohttp.ClientResponse,
                convert: Callable[[bytes], Iterable[bytes]], tail: Callable[[], Iterable[bytes]] | None = None,
-               judge: StreamJudge | None = None, cand: Candidate | None = None, first: bytes | None = None) -> None:
+               judge: StreamJudge | None = None, cand: Candidate | None = None, first: bytes | None = None,
+               watch: StreamWatch | None = None, translator: Translator | None = None) -> None:
     """Pass chunks as they arrive (``first``: what was read before the commit, sent before
     them); stop (closing upstream) when the app hangs up. A judged stream is read on the way
-    past: its first slice and last line, nothing recalled."""
+    past: its first slice and last line, nothing recalled; a watched one ends on a stall or a
+    loop (proxy/watch.py) with the dialect's error event."""
     row, log_ = plan.row, node.routing_log
     reader = upstream.content
     gone = hangup.gone
     dropped = False
     hangup.live = upstream
     try:
-        if first:
-            if judge is not None:
-                judge.feed(first)
-            for out in convert(first):
-                await send({"type": "http.response.body", "body": out, "more_body": True})
+        chunk = first or b""
         while True:
+            if chunk:
+                if judge is not None:
+                    judge.feed(chunk)
+                looped = watch is not None and watch.saw(chunk)
+                for out in convert(chunk):
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+                if looped:
+                    break
             if gone.is_set():
                 raise ClientGone()
             try:
@@ -166,13 +178,14 @@ async def pump(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, upstream:
             except aiohttp.ClientError:
                 if gone.is_set():  # the watcher closed the upstream: the app hung up
                     raise ClientGone() from None
+                if watch is not None and watch.ended:  # the watch closed it: a stall
+                    break
                 raise
             if not chunk:
                 break
-            if judge is not None:
-                judge.feed(chunk)
-            for out in convert(chunk):
-                await send({"type": "http.response.body", "body": out, "more_body": True})
+        if watch is not None and watch.ended:
+            await cut(node, plan, send, cand, watch, translator, judge)
+            return
         if tail is not None:
             for out in tail():
                 await send({"type": "http.response.body", "body": out, "more_body": True})
@@ -180,6 +193,9 @@ async def pump(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, upstream:
         log_.touch(row, clientClosed=True, outcome="failed", reason="the app closed its connection mid-response")
         return
     except (aiohttp.ClientError, asyncio.IncompleteReadError) as exc:
+        if watch is not None and watch.ended:  # the watch closed it mid-read
+            await cut(node, plan, send, cand, watch, translator, judge)
+            return
         # committed: no failover, the stream is left to die visibly (spec: Failover). But an
         # answer whose final frame already passed was whole: the app got all of it.
         whole = judge is not None and judge.verdict() is None and judge.recognised
@@ -192,3 +208,22 @@ async def pump(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, upstream:
     if cand is not None and (judge is not None or dropped):
         stream_ended(node, plan, cand, judge, dropped)
     await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def cut(node: Any, plan: RelayPlan, send: Send, cand: Candidate | None, watch: StreamWatch,
+              translator: Translator | None, judge: StreamJudge | None) -> None:
+    """A stream the watch ended (stalled, looping): recorded and struck as an output fault,
+    and ended for the app with the dialect's error event."""
+    reason = watch.reason()
+    assert watch.ended is not None
+    node.routing_log.touch(plan.row, outcome="failed", reason=reason,
+                           requestError=request_error(plan, watch.ended, "node"))
+    if cand is not None:
+        output_fault(node, plan.model, cand, watch.ended)
+    log.warning("%s: %s's stream for %s ended: %s", plan.row["id"], cand.node if cand else "?", plan.model, reason)
+    message = f"hubpool ended this stream: the engine {watch.detail}" if watch.ended == "stalled" else \
+        f"hubpool ended this stream: the engine's answer is looping ({watch.detail})"
+    first = judge.first_bytes if judge is not None else b""
+    last = judge.last_object if judge is not None else b""
+    await send({"type": "http.response.body", "body": ending(plan, message, translator, first, last),
+                "more_body": False})

@@ -54,8 +54,8 @@ def reason_kind(attempt: dict[str, Any]) -> str:
     """The closed kind of one passed-over attempt (routing-log ``attempts[]``)."""
     reason = r if isinstance(r := attempt.get("reason"), str) else ""
     status = s if isinstance(s := attempt.get("status"), int) else None
-    if reason.startswith("No response headers within"):
-        return "deadline"
+    if reason.startswith(("No response headers within", "no first token within")):
+        return "deadline"  # no headers, or headers and nothing real (docs/reliability.md)
     if reason.startswith("fetch failed") or reason.startswith(TRUNCATED + " ("):
         return "transport"  # no answer, or the connection dropped while the body was read
     if reason.startswith("HTTP 500 ("):

@@ -92,6 +92,14 @@ SETTING_WORDS: dict[str, tuple[str, str]] = {
         "Keep a waiting agent stream alive every (ms)",
         "A streamed agent or chat request with no answer yet gets its headers after this long and a "
         "keep-alive at this cadence, so the client's idle timeout does not cut a long prompt. 0 is off."),
+    "poolStreamStallMs": (
+        "End a stream silent mid-answer after (ms)",
+        "An answer that has started and then sends nothing new for this long is ended with the app's "
+        "error event and counted against its engine. 0 waits forever."),
+    "poolStreamLoopGuard": (
+        "End an answer that loops",
+        "1: an answer whose text repeats one passage back to back (600 characters, four times or more) is "
+        "ended and counted against its engine. 0 lets it run."),
     "maxNumCtx": (
         "Context window cap (tokens)",
         "The largest context window this node runs a model at; larger requests are sent to a node without "
