@@ -232,6 +232,10 @@ class PoolSettings(BaseModel):
     poolStreamStallMs: int = Field(default=120_000, ge=0, le=3_600_000)
     #: 1 ends a stream whose text loops (proxy/loops.py) as `degenerate-loop`; 0 is off
     poolStreamLoopGuard: int = Field(default=1, ge=0, le=1)
+    #: 1 continues a stream cut mid-answer (its node gone, stalled, looping) on the next
+    #: candidate, spliced into the same stream; 0 (the default, as the spec has it) never moves
+    #: an answer that has started
+    poolStreamResume: int = Field(default=0, ge=0, le=1)
     #: inference preferences (PATCH /api/inference/preferences): this node's context cap and
     #: its statement of the engine's parallel slots; None is "not stated", never unlimited
     maxNumCtx: int | None = Field(default=None, ge=256, le=1_048_576)

@@ -12,6 +12,7 @@
 - ``content.py``: what a stream's frames say: real content or not, keep-alives, generated text.
 - ``front.py``: the app's side of a waiting stream: keep-alives, and the dialect's error event.
 - ``watch.py``, ``loops.py``: a committed stream's stall timer and loop rule, and its ending.
+- ``resume.py``: continuing a cut stream on the next candidate, spliced into the same stream.
 - ``judge.py``: what a judged answer does to its engine's withhold, and throughput samples.
 - ``output_check.py``: judging a 200 that may not be an answer.
 - ``translate.py``: the translator interface and which one a request needs; native (NDJSON)

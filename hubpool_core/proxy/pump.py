@@ -27,7 +27,7 @@ from hubpool_core.proxy.judge import final_frame_check, output_fault, stream_end
 from hubpool_core.proxy.output_check import TRUNCATED, StreamJudge
 from hubpool_core.proxy.plan import STREAM_TYPES, RelayPlan, attribution, pass_headers, request_error
 from hubpool_core.proxy.translate import Translator, judged_dialect
-from hubpool_core.proxy.watch import StreamWatch, ending, watch_for
+from hubpool_core.proxy.watch import StreamWatch, ending, resume_ending, watch_for
 
 log = logging.getLogger("hubpool.relay")
 
@@ -93,6 +93,21 @@ async def commit(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, upstrea
         # judged in the engine's own dialect: a translated stream is judged on its upstream bytes
         judge = StreamJudge(judged_dialect(plan.dialect, translator), final_frame_check(node, cand))
         watch = watch_for(node, plan, upstream, judged_dialect(plan.dialect, translator))
+    resume = plan.resume
+    if resume is not None and resume.continuing:
+        # a continuation: the app's stream is open; this attempt's frames are spliced into it
+        convert = translator.feed if translator is not None and streamed else (lambda chunk: (chunk,))
+        tail = translator.end if translator is not None and streamed else None
+        try:
+            await pump(node, plan, hangup, send, upstream, convert, tail=tail, judge=judge, cand=cand,
+                       first=held, watch=watch, translator=translator)
+        finally:
+            if watch is not None:
+                watch.stop()
+            upstream.release() if upstream.content.at_eof() else upstream.close()
+        row["totalMs"] = int((time.monotonic() - started) * 1000)
+        log_.touch(row)
+        return judge
     try:
         if translator is not None:
             await relay_translated(node, plan, hangup, send, upstream, cand, translator, streamed, headers, held,
@@ -160,6 +175,11 @@ async def pump(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, upstream:
     gone = hangup.gone
     dropped = False
     hangup.live = upstream
+    resume = plan.resume
+    if resume is not None:  # the app's side is read (and a continuation's rewritten) on the way
+        inner, inner_tail = convert, tail
+        convert = lambda chunk: resume.wrap(inner(chunk))  # noqa: E731
+        tail = (lambda: resume.wrap(inner_tail())) if inner_tail is not None else None
     try:
         chunk = first or b""
         while True:
@@ -184,7 +204,8 @@ async def pump(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, upstream:
             if not chunk:
                 break
         if watch is not None and watch.ended:
-            await cut(node, plan, send, cand, watch, translator, judge)
+            if not resumed(node, plan, cand, watch.reason(), watch.ended):
+                await cut(node, plan, send, cand, watch, translator, judge)
             return
         if tail is not None:
             for out in tail():
@@ -194,7 +215,10 @@ async def pump(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, upstream:
         return
     except (aiohttp.ClientError, asyncio.IncompleteReadError) as exc:
         if watch is not None and watch.ended:  # the watch closed it mid-read
-            await cut(node, plan, send, cand, watch, translator, judge)
+            if not resumed(node, plan, cand, watch.reason(), watch.ended):
+                await cut(node, plan, send, cand, watch, translator, judge)
+            return
+        if resumed(node, plan, cand, f"{TRUNCATED} ({transport_code(exc)})", TRUNCATED):
             return
         # committed: no failover, the stream is left to die visibly (spec: Failover). But an
         # answer whose final frame already passed was whole: the app got all of it.
@@ -207,7 +231,13 @@ async def pump(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, upstream:
             log.debug("%s closed after the final frame of %s (%s)", plan.model, row["id"], transport_code(exc))
     if cand is not None and (judge is not None or dropped):
         stream_ended(node, plan, cand, judge, dropped)
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
+    end = b""
+    if dropped and resume is not None:  # resume is on: a cut it cannot continue says so
+        first = judge.first_bytes if judge is not None else b""
+        last = judge.last_object if judge is not None else b""
+        end = ending(plan, f"hubpool could not finish this answer: the engine's stream broke ({row['reason']})",
+                     translator, first, last) if not resume.continuing else resume_ending(plan, row["reason"])
+    await send({"type": "http.response.body", "body": end, "more_body": False})
 
 
 async def cut(node: Any, plan: RelayPlan, send: Send, cand: Candidate | None, watch: StreamWatch,
@@ -225,5 +255,21 @@ async def cut(node: Any, plan: RelayPlan, send: Send, cand: Candidate | None, wa
         f"hubpool ended this stream: the engine's answer is looping ({watch.detail})"
     first = judge.first_bytes if judge is not None else b""
     last = judge.last_object if judge is not None else b""
-    await send({"type": "http.response.body", "body": ending(plan, message, translator, first, last),
-                "more_body": False})
+    end = resume_ending(plan, message) if plan.resume is not None and plan.resume.continuing else \
+        ending(plan, message, translator, first, last)
+    await send({"type": "http.response.body", "body": end, "more_body": False})
+
+
+def resumed(node: Any, plan: RelayPlan, cand: Candidate | None, reason: str, fault: str) -> bool:
+    """A stream cut mid-answer: True when the walk will continue it on the next candidate
+    (proxy/resume.py), the cut recorded and its engine struck; False when it ends here."""
+    resume = plan.resume
+    if resume is None or not resume.more or not resume.can_continue() or cand is None:
+        return False
+    resume.cut = reason
+    output_fault(node, plan.model, cand, fault)
+    plan.row.setdefault("resumedFrom", []).append(
+        {"node": cand.node, "backend": cand.backend, "atChars": len(resume.text), "reason": reason[:200]})
+    log.warning("%s: %s's stream for %s cut at %d characters (%s): resuming on the next candidate",
+                plan.row["id"], cand.node, plan.model, len(resume.text), reason)
+    return True

@@ -12,6 +12,7 @@ its own module, and the walk only decides between them.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from typing import Any
@@ -31,6 +32,7 @@ from hubpool_core.proxy.output_check import COMPLETION_ROUTES, TRUNCATED, judge_
 from hubpool_core.proxy.plan import STREAM_TYPES, RelayPlan
 from hubpool_core.proxy.pump import commit, hold
 from hubpool_core.proxy.response_homes import response_id
+from hubpool_core.proxy.resume import RESUMABLE_ROUTES, Resume
 from hubpool_core.proxy.translate import dialect_error, judged_dialect
 from hubpool_core.proxy.verdicts import (
     Verdict,
@@ -41,6 +43,7 @@ from hubpool_core.proxy.verdicts import (
     settle_at_end,
     settle_verdict,
 )
+from hubpool_core.proxy.watch import resume_ending
 
 log = logging.getLogger("hubpool.relay")
 
@@ -98,6 +101,10 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
     # a stream is committed at its first real content, on the node the app asked (a leaf
     # serving a forward relays at once: the entry node holds and judges those same bytes)
     first_token = judged and plan.inbound_from is None and bool(node.settings.current.poolStreamFirstToken)
+    if (node.settings.current.poolStreamResume and judged and plan.stream and plan.inbound_from is None
+            and plan.route in RESUMABLE_ROUTES):
+        plan.resume = Resume(plan.dialect)
+    resume = plan.resume
     # the current attempt's trace span (set only when the plan has a span)
     attempt_span: Any = None
     for attempt, cand in enumerate(plan.candidates, start=1):
@@ -131,8 +138,9 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
                 fresh = upstream.headers.get("x-hub-pool-in-flight", "")
                 if fresh.isdigit() and len(fresh) < 7:
                     load.note_fresh(cand.peer_id, int(fresh))
+            continuing = resume is not None and resume.continuing
             if status == 500 and (cand.is_local or "x-hub-pool-backend" in upstream.headers) \
-                    and plan.inbound_from is None:
+                    and plan.inbound_from is None and not continuing:
                 verdict = await read_verdict(node, plan, cand, upstream, hangup)
                 if verdict is not None and plan.dialect in AGENT_DIALECTS:
                     # an agent reads its own dialect's error shape (the engine may have been asked
@@ -156,6 +164,9 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
             if plan.inbound_from is not None and cand.is_local and status >= 500:
                 held = await served_forward_failed(node, plan, cand, upstream, hangup)
             streamed = any(t in upstream.headers.get("Content-Type", "") for t in STREAM_TYPES)
+            if continuing and (status != 200 or not streamed):
+                upstream.release()  # only a stream can continue the app's stream
+                raise Failed(status, f"HTTP {status}" if status != 200 else "HTTP 200 (not a stream)")
             if judged and status == 200 and not streamed:
                 held = await read_whole(upstream, hangup)
                 fault = judge_whole(judged_dialect(plan.dialect, translator), held) if held is not None else None
@@ -183,6 +194,8 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
                     upstream.close()
                     output_fault(node, plan.model, cand, TRUNCATED)
                     raise failure
+            if resume is not None:
+                resume.more = attempt < total
             try:
                 judge = await commit(node, plan, hangup, send, upstream, cand, translator, started, held=held,
                                      judged=judged)
@@ -191,11 +204,16 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
                     rid = response_id(first, whole=held is not None)
                     if rid is not None:  # a follow-up naming it can only go on there
                         node.response_homes.remember(rid, cand)
-                if judged and status == 200 and row["outcome"] == "served":
+                if judged and status == 200 and row["outcome"] == "served" and resume is None:
                     sample(node, plan, cand, attempt_started, held, judge, alone=alone, cold=cold)
             finally:
                 load.release(cand.peer_id, work)
                 released = True
+            if resume is not None and resume.cut is not None:
+                if _continue(plan, resume):
+                    continue  # the next candidate continues the answer
+                await send({"type": "http.response.body", "more_body": False,
+                            "body": resume_ending(plan, "its token budget is spent")})
             return
         except Failed as failure:
             failures.append(failure)
@@ -208,6 +226,12 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
             if plan.span is not None:
                 node.tracer.end_attempt(attempt_span, row, attempt)
     observe(plan, "exhausted")
+    if resume is not None and resume.continuing:
+        # the app's stream is open: no status can be sent now, only the dialect's error event
+        why = failures[-1].reason if failures else "no candidate left"
+        node.routing_log.touch(row, outcome="failed", reason=f"resume failed: {why}")
+        await send({"type": "http.response.body", "body": resume_ending(plan, why), "more_body": False})
+        return
     if failures and failures[-1].verdict is not None:
         # no candidate left to ask: a verdict waiting for a second node is returned anyway
         last_verdict = failures[-1].verdict
@@ -229,3 +253,16 @@ def _deadline_missed(node: Any, plan: RelayPlan, cand: Any) -> None:
     if plan.stream and plan.route in COMPLETION_ROUTES:
         node.throughput.record_deadline_miss(cand.node, cand.backend, fold_model_id(plan.model),
                                              plan.estimated_tokens, plan.budget_ms)
+
+
+def _continue(plan: RelayPlan, resume: Resume) -> bool:
+    """Make the plan's request the continuation of the answer the app has; False when there
+    is nothing left to ask for (its token budget is spent)."""
+    resume.cut = None
+    try:
+        body = resume.body(plan.dialect, plan.route, plan.body)
+    except (ValueError, TypeError, AttributeError):
+        return False
+    plan.body, plan.raw = body, json.dumps(body).encode()
+    resume.start_continuation()
+    return True

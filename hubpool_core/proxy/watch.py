@@ -124,3 +124,12 @@ def _any_id(first_bytes: bytes) -> str | None:
             rid = (obj.get("response") or {}).get("id") if isinstance(obj, dict) else None
             return rid if isinstance(rid, str) else None
     return None
+
+
+def resume_ending(plan: RelayPlan, reason: str | None) -> bytes:
+    """The error event ending a resumed stream that could not be finished."""
+    resume = plan.resume
+    response = {"id": resume.ident.get("id"), "model": plan.model} if resume is not None and resume.ident.get("id") \
+        else None
+    return error_event(plan.dialect, 502, f"hubpool could not finish this answer: {reason or 'no candidate left'}",
+                       response=response, sequence=resume.seq if resume is not None else None, model=plan.model)

@@ -100,6 +100,10 @@ SETTING_WORDS: dict[str, tuple[str, str]] = {
         "End an answer that loops",
         "1: an answer whose text repeats one passage back to back (600 characters, four times or more) is "
         "ended and counted against its engine. 0 lets it run."),
+    "poolStreamResume": (
+        "Resume a cut answer on another node",
+        "1: an answer cut mid-way (its node gone, stalled or looping) is continued by the next node from "
+        "where it stopped, in the same stream. 0 never moves an answer that has started."),
     "maxNumCtx": (
         "Context window cap (tokens)",
         "The largest context window this node runs a model at; larger requests are sent to a node without "
