@@ -161,6 +161,39 @@ def test_responses_function_call_and_result_turn(pool, where, model, backend):
     assert follow.status == "completed" and follow.output_text.startswith("tok0")
 
 
+PATCH_TOOL = {"type": "custom", "name": "apply_patch", "description": "Apply a patch",
+              "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}}
+
+
+@pytest.mark.parametrize("where", ["local", "hop"])
+def test_codex_turns_with_custom_and_hosted_tools_and_reasoning_items_translated(pool, where):
+    """Codex's own shapes through a node to a chat-completions engine: hosted tools dropped, a
+    custom tool called as a function and answered as a custom_tool_call (the official SDK
+    parses it, streamed and not), and the next turn, carrying a reasoning item, the custom
+    call and its output as a list of parts and store: false, answered."""
+    client = _codex(_entry(pool, where))
+    tools = [PATCH_TOOL, {"type": "web_search"}, {"type": "namespace", "name": "multi_agent_v1",
+                                                  "description": "agents", "tools": []}]
+    whole = client.responses.create(model=TRANSLATED, input="patch it", tools=tools, store=False,
+                                    include=["reasoning.encrypted_content"], prompt_cache_key="k-1")
+    call = whole.output[0]
+    assert call.type == "custom_tool_call" and call.name == "apply_patch" and call.input == "tok0 tok1"
+    events = list(client.responses.create(model=TRANSLATED, input="patch it", tools=tools, stream=True,
+                                          store=False))
+    kinds = [e.type for e in events]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert "response.custom_tool_call_input.done" in kinds
+    assert events[-1].response.output[0].type == "custom_tool_call"
+    follow = client.responses.create(model=TRANSLATED, tools=tools, store=False, input=[
+        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "rules"}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "patch it"}]},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAAAB"},
+        {"type": "custom_tool_call", "call_id": call.call_id, "name": "apply_patch", "input": call.input},
+        {"type": "custom_tool_call_output", "call_id": call.call_id,
+         "output": [{"type": "input_text", "text": "Done"}]}])
+    assert follow.status == "completed" and follow.output_text.startswith("tok0")
+
+
 def test_previous_response_id_goes_to_the_node_that_holds_it_and_says_when_it_is_gone(pool):
     nodes, sims = pool
     a, b = nodes["hub-a"], nodes["hub-b"]
