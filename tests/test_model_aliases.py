@@ -12,12 +12,16 @@ import os
 import subprocess
 import sys
 from contextlib import ExitStack
+from fnmatch import fnmatchcase
 
 import anthropic
 import httpx
 import pytest
 from harness import RunningNode, fqdn, make_pool, pair, poll_until_offered
+from hypothesis import given
+from hypothesis import strategies as st
 
+from hubpool_core.placement.aliases import alias_target
 from hubpool_sim import SimConfig, SimModel, run_in_thread
 
 P = "/api/inference/pool"
@@ -126,3 +130,23 @@ def test_hubpool_alias_adds_lists_and_removes_and_hubpool_log_shows_both_names(p
     removed = _cli(a, "alias", "remove", "gpt-5*")
     assert removed.returncode == 0 and "gpt-5*" not in removed.stdout
     assert a.node.settings.current.poolModelAliases == {"claude-*": "auto"}
+
+
+names = st.from_regex(r"[a-z][a-z0-9.:-]{0,20}", fullmatch=True)
+
+
+@given(aliases=st.dictionaries(names | names.map(lambda n: n[:3] + "*"), names | st.just("auto"), max_size=6),
+       model=names, served=st.booleans())
+def test_an_alias_applies_only_to_an_unserved_name_and_exact_names_win(aliases, model, served):
+    found = alias_target(aliases, model, lambda m: served)
+    if served:
+        assert found is None  # a name a node lists is placed as itself, whatever the aliases say
+        return
+    exact = [k for k in aliases if "*" not in k and k.lower() == model.lower()]
+    patterns = [k for k in aliases if "*" in k and fnmatchcase(model.lower(), k.lower())]
+    if exact:
+        assert found == (aliases[exact[0]], exact[0])
+    elif patterns:
+        assert found == (aliases[patterns[0]], patterns[0])  # the first pattern written
+    else:
+        assert found is None
