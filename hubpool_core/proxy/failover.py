@@ -55,7 +55,15 @@ def fails_over(node: Any, plan: RelayPlan, cand: Candidate, upstream: aiohttp.Cl
     return True
 
 
-def passed_over(plan: RelayPlan, cand: Candidate, failure: Failed) -> None:
+def passed_over(plan: RelayPlan, cand: Candidate, failure: Failed, last: bool = False) -> None:
+    """Record a candidate the walk passed over for the next one: ``failedOverFrom``, its
+    ``attempts`` entry and one "failover" log line. The ``last`` candidate was passed over
+    for nothing: the walk ran out there, which is not a failover (the row's reason and the
+    answer say how it ended), so only a line saying so is logged."""
+    if last:
+        log.warning("no candidate left for %s: %s (%s) failed: %s", plan.model, cand.node, cand.backend,
+                    failure.reason)
+        return
     row = plan.row
     row["failedOverFrom"].append(cand.node)
     row["attempts"].append({"node": cand.node, "backend": cand.backend, "status": failure.status,

@@ -183,7 +183,7 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
             return
         except Failed as failure:
             failures.append(failure)
-            passed_over(plan, cand, failure)
+            passed_over(plan, cand, failure, last)
             if cand.local is not None:
                 node.local.invalidate(cand.local.engine)
         finally:
