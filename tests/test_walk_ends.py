@@ -6,9 +6,11 @@ from __future__ import annotations
 import logging
 from contextlib import ExitStack
 
+import anthropic
 import httpx
+import openai
 import pytest
-from harness import RunningNode
+from harness import RunningNode, fqdn, make_pool, pair, poll_until_offered
 
 from hubpool_sim import SimConfig, SimModel, run_in_thread
 
@@ -79,3 +81,78 @@ def test_only_candidates_passed_over_for_another_are_failovers(tmp_path, engines
         with node.client(headers=node.headers()) as c:
             metrics = c.get("/metrics").text
         assert 'hubpool_failovers_total{reason_kind="http_5xx"} 1.0' in metrics
+
+
+#: route -> (body, the error shape the dialect's SDK reads)
+AGENT_502 = {
+    "/v1/messages": ({"max_tokens": 5, "messages": TURN}, "anthropic"),
+    "/v1/messages/count_tokens": ({"messages": TURN}, "anthropic"),
+    "/v1/responses": ({"input": "hello"}, "openai"),
+    "/v1/rerank": ({"query": "q", "documents": ["a", "b"]}, "openai"),
+}
+
+
+def _assert_shape(body, shape, status):
+    if shape == "anthropic":
+        assert body["type"] == "error" and body["error"]["type"] == "api_error", body
+        message = body["error"]["message"]
+    else:
+        assert body["error"]["type"] == "server_error" and "param" in body["error"], body
+        message = body["error"]["message"]
+    assert isinstance(message, str) and "pool candidate" in message, body
+
+
+@pytest.mark.parametrize("route", list(AGENT_502))
+def test_the_walks_502_is_in_the_agent_dialects_own_shape(tmp_path, route):
+    """Issue 26.25: every candidate failing answered {"error": "All 1 pool candidates …"}, a
+    string the agent SDKs cannot read as their error object."""
+    body, shape = AGENT_502[route]
+    model = "bge-reranker" if route == "/v1/rerank" else MODEL
+    cfg = SimConfig(flavor="vllm", models=[SimModel(MODEL), SimModel("bge-reranker", reranker=True)])
+    with run_in_thread(cfg) as sim, RunningNode(tmp_path / "n", {"VLLM_URL": sim.url}) as node:
+        sim.add_fault("error:503")
+        sim.add_fault({"fault": "error:503", "path": "/v1/messages/count_tokens"})  # not an inference route there
+        r = httpx.post(node.url + route, json={"model": model, **body}, timeout=30)
+        assert r.status_code == 502, r.text
+        _assert_shape(r.json(), shape, 502)
+        assert r.headers["x-hub-pool-request-id"]
+
+
+def test_the_sdks_read_the_walks_502_as_their_own_error(tmp_path):
+    cfg = SimConfig(flavor="vllm", models=[SimModel(MODEL)])
+    with run_in_thread(cfg) as sim, RunningNode(tmp_path / "n", {"VLLM_URL": sim.url}) as node:
+        sim.add_fault("error:503")
+        claude = anthropic.Anthropic(base_url=node.url, api_key="unused-inside", max_retries=0)
+        with pytest.raises(anthropic.InternalServerError) as messages:
+            claude.messages.create(model=MODEL, max_tokens=5, messages=TURN)
+        assert messages.value.status_code == 502 and "pool candidate" in messages.value.message
+        assert messages.value.body["error"]["type"] == "api_error"
+        codex = openai.OpenAI(base_url=node.url + "/v1", api_key="unused-inside", max_retries=0)
+        with pytest.raises(openai.InternalServerError) as responses:
+            codex.responses.create(model=MODEL, input="hello")
+        assert responses.value.status_code == 502 and "pool candidate" in responses.value.body["message"]
+
+
+def test_a_stored_responses_holder_that_is_gone_answers_the_openai_error_object(tmp_path):
+    """The issue's own case: a follow-up naming a stored response can go only to the node that
+    stored it; that node is down (its process gone, hub-a not yet polled), so the walk's one
+    candidate refuses the connection: a 502 the OpenAI SDK parses, naming the failure."""
+    with run_in_thread(SimConfig(flavor="vllm", models=[SimModel(MODEL)])) as sim:
+        nodes = make_pool(tmp_path, ["hub-a", "hub-b"], per_node={"hub-b": {"VLLM_URL": sim.url}})
+        a, b = nodes["hub-a"], nodes["hub-b"]
+        with a:
+            b.start()
+            try:
+                pair(a, b)
+                poll_until_offered(a, [b], MODEL)
+                codex = openai.OpenAI(base_url=a.url + "/v1", api_key="unused-inside", max_retries=0)
+                first = codex.responses.with_raw_response.create(model=MODEL, input="remember tok")
+                assert first.headers["x-hub-pool-served-by"] == fqdn("hub-b")
+                rid = first.parse().id
+            finally:
+                b.stop()
+            with pytest.raises(openai.InternalServerError) as gone:
+                codex.responses.create(model=MODEL, input="and now?", previous_response_id=rid)
+            assert gone.value.status_code == 502
+            error = gone.value.body
+            assert error["type"] == "server_error" and "ECONNREFUSED" in error["message"], error
