@@ -24,7 +24,7 @@ from hubpool_core.engine import AGENT_DIALECTS, RESPONSES
 from hubpool_core.models_ids import fold_model_id
 from hubpool_core.proxy.attempt import Failed, send_attempt, transport_code
 from hubpool_core.proxy.failover import exhausted, fails_over, passed_over
-from hubpool_core.proxy.hangup import ClientGone, Hangup
+from hubpool_core.proxy.hangup import ClientGone, Hangup, settle_hangup
 from hubpool_core.proxy.judge import clean, output_fault, read_whole, sample, unservable
 from hubpool_core.proxy.output_check import COMPLETION_ROUTES, judge_whole
 from hubpool_core.proxy.plan import STREAM_TYPES, RelayPlan
@@ -111,10 +111,7 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
             try:
                 upstream, translator = await send_attempt(node, plan, cand, hangup, attempt_started, attempt_span)
             except ClientGone:
-                waited = int((time.monotonic() - started) * 1000)
-                log_.touch(row, outcome="failed", status=None, clientClosed=True, durationMs=waited,
-                           reason=f"the app closed its connection after {waited} ms; {cand.node} had not "
-                                  "answered yet")
+                settle_hangup(node, plan, cand, started)
                 return
             except TimeoutError:
                 if plan.stream and plan.route in COMPLETION_ROUTES:
@@ -179,9 +176,14 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
                 load.release(cand.peer_id, work)
                 released = True
             return
+        except ClientGone:
+            # after the engine's headers, before anything reached the app (a 500's verdict or
+            # a body to judge being read): the same hang-up row, and the engine is let go
+            settle_hangup(node, plan, cand, started, upstream)
+            return
         except Failed as failure:
             failures.append(failure)
-            passed_over(plan, cand, failure)
+            passed_over(plan, cand, failure, last)
             if cand.local is not None:
                 node.local.invalidate(cand.local.engine)
         finally:
