@@ -26,7 +26,7 @@ from hubpool_core.models_ids import fold_model_id
 from hubpool_core.proxy.attempt import Failed, send_attempt, transport_code
 from hubpool_core.proxy.failover import exhausted, fails_over, passed_over
 from hubpool_core.proxy.front import Front, keepalive_eligible
-from hubpool_core.proxy.hangup import ClientGone, Hangup
+from hubpool_core.proxy.hangup import ClientGone, Hangup, settle_hangup
 from hubpool_core.proxy.judge import clean, output_fault, read_whole, sample, unservable
 from hubpool_core.proxy.output_check import COMPLETION_ROUTES, TRUNCATED, judge_whole
 from hubpool_core.proxy.plan import STREAM_TYPES, RelayPlan
@@ -126,7 +126,7 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
             try:
                 upstream, translator = await send_attempt(node, plan, cand, hangup, attempt_started, attempt_span)
             except ClientGone:
-                _client_gone(node, plan, cand, started)
+                settle_hangup(node, plan, cand, started)
                 return
             except TimeoutError:
                 _deadline_missed(node, plan, cand)
@@ -183,8 +183,7 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
                 try:
                     held = await hold(plan, hangup, upstream, translator, attempt_started)
                 except ClientGone:
-                    upstream.close()
-                    _client_gone(node, plan, cand, started)
+                    settle_hangup(node, plan, cand, started, upstream)
                     return
                 except TimeoutError:
                     upstream.close()
@@ -215,9 +214,14 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
                 await send({"type": "http.response.body", "more_body": False,
                             "body": resume_ending(plan, "its token budget is spent")})
             return
+        except ClientGone:
+            # after the engine's headers, before anything reached the app (a 500's verdict or
+            # a body to judge being read): the same hang-up row, and the engine is let go
+            settle_hangup(node, plan, cand, started, upstream)
+            return
         except Failed as failure:
             failures.append(failure)
-            passed_over(plan, cand, failure)
+            passed_over(plan, cand, failure, last)
             if cand.local is not None:
                 node.local.invalidate(cand.local.engine)
         finally:
@@ -239,13 +243,6 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
         await send_verdict(node, plan, send, last_verdict, basis, confirms, started)
         return
     await exhausted(node, plan, send, failures, started)
-
-
-def _client_gone(node: Any, plan: RelayPlan, cand: Any, started: float) -> None:
-    waited = int((time.monotonic() - started) * 1000)
-    node.routing_log.touch(plan.row, outcome="failed", status=None, clientClosed=True, durationMs=waited,
-                           reason=f"the app closed its connection after {waited} ms; {cand.node} had not "
-                                  "answered yet")
 
 
 def _deadline_missed(node: Any, plan: RelayPlan, cand: Any) -> None:
