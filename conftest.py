@@ -37,6 +37,7 @@ SLOW = (
     "tests/test_clients_agents.py",  # 30 s
     "tests/test_stream_watch.py",  # 36 s: two nodes, streams left to stall
     "tests/test_stream_resume.py",  # 17 s: two nodes, streams stalled and resumed
+    "tests/test_stream_unresumable.py",  # 24 s: two nodes, tool calls and routes cut and not resumed
     "tests/test_loop_rule.py",  # 8 s: the loop rule over the Python standard library
     "tests/test_stream_commit.py",  # 75 s: two nodes, each wedged engine waited out to its header budget
     "sim/tests/test_stream_faults.py",  # 10 s

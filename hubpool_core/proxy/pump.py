@@ -232,11 +232,16 @@ async def pump(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, upstream:
     if cand is not None and (judge is not None or dropped):
         stream_ended(node, plan, cand, judge, dropped)
     end = b""
-    if dropped and resume is not None:  # resume is on: a cut it cannot continue says so
+    # resume is on: a cut it cannot continue says so, on a route it never continues too
+    # (legacy completions, generate), where the stream is not read for resuming (plan.resume)
+    says_so = resume is not None or (judge is not None and bool(node.settings.current.poolStreamResume)
+                                     and plan.inbound_from is None)
+    if dropped and says_so:
         first = judge.first_bytes if judge is not None else b""
         last = judge.last_object if judge is not None else b""
         end = ending(plan, f"hubpool could not finish this answer: the engine's stream broke ({row['reason']})",
-                     translator, first, last) if not resume.continuing else resume_ending(plan, row["reason"])
+                     translator, first, last) if resume is None or not resume.continuing \
+            else resume_ending(plan, row["reason"])
     await send({"type": "http.response.body", "body": end, "more_body": False})
 
 
