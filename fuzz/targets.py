@@ -12,9 +12,14 @@ import json
 import re
 from collections.abc import Callable
 
+from starlette.requests import Request
+
+from hubpool_core.api import peers as peer_routes
+from hubpool_core.api.edge import BodyTooLarge, read_capped
 from hubpool_core.engine import NATIVE, OPENAI, Engine
 from hubpool_core.peering.addresses import AddressRefused, parse_address, resolve_checked
 from hubpool_core.peering.guard import PeerRefused, single_valued
+from hubpool_core.peering.pairing import PairingError
 from hubpool_core.peering.signing import (
     NODE_HEADER,
     NONCE_HEADER,
@@ -31,6 +36,7 @@ from hubpool_core.peering.signing import (
 )
 from hubpool_core.proxy.output_check import StreamJudge, degenerate, judge_whole
 from hubpool_core.proxy.translate import NativeToOpenAI
+from hubpool_core.web import routes as web_routes
 
 
 def _is_final(dialect: str, frame: bytes) -> bool:
@@ -177,10 +183,78 @@ def signature_headers(data: bytes) -> None:
                                   "expired", "before_start", "replayed", "nonce_cache_full", "bad_signature"}
 
 
+def _request(headers: list[tuple[bytes, bytes]], pieces: list[bytes], pulled: list[int]) -> Request:
+    """A Starlette request whose body arrives as ``pieces``, one ASGI message each; ``pulled``
+    records the size of every message the code under test asked for."""
+    queue = list(pieces)
+
+    async def receive() -> dict:
+        if not queue:
+            return {"type": "http.disconnect"}
+        chunk = queue.pop(0)
+        pulled.append(len(chunk))
+        return {"type": "http.request", "body": chunk, "more_body": bool(queue)}
+
+    scope = {"type": "http", "method": "POST", "path": "/", "raw_path": b"/", "query_string": b"",
+             "headers": headers, "client": ("192.0.2.1", 1), "server": ("127.0.0.1", 5002)}
+    return Request(scope, receive)
+
+
+_DECLARED = re.compile(rb"[0-9]{1,20}")
+
+
+def edge_body(data: bytes) -> None:
+    """A stranger's body at the door (api/edge.py, and the pairing routes' and the sign-in
+    form's readers over it). The first byte picks the reader (and for the bare reader a limit
+    of 1 to 4081 bytes), the first line is the declared Content-Length (or none), the next
+    bytes cut the body into ASGI messages. A declared length over the limit is refused before
+    anything is read; a longer body is refused by the message that passes the limit, nothing
+    after it is asked for; anything else comes back exactly as sent, and the routes' parsers
+    answer with a refusal or a value, never an exception."""
+    if len(data) < 2:
+        return
+    mode, limit = data[0] % 3, 1 + (data[0] >> 2) * 64
+    declared, _, rest = data[1:].partition(b"\n")
+    seed, body = rest[:3], rest[3:]
+    pieces = _cuts(body, seed)
+    headers = [] if data[0] & 2 and declared == b"" else [(b"content-length", declared)]
+    pulled: list[int] = []
+    request = _request(headers, pieces, pulled)
+    if mode == 1:
+        limit = peer_routes.MAX_CONTROL_BODY
+    elif mode == 2:
+        limit = web_routes.MAX_FORM_BYTES
+    stated = declared.strip(b" \t")
+    over_declared = bool(headers) and _DECLARED.fullmatch(stated) is not None and int(stated) > limit
+    refused = over_declared or len(body) > limit
+    if mode == 2:
+        form = asyncio.run(web_routes._form(request))  # noqa: SLF001 - the sign-in form's own reader
+        assert (form is None) == refused
+        assert form is None or all(isinstance(k, str) and isinstance(v, str) for k, v in form.items())
+    try:
+        if mode == 0:
+            got = asyncio.run(read_capped(request, limit))
+            assert got == body, "read_capped must return exactly the bytes sent"
+        elif mode == 1:
+            asyncio.run(peer_routes._body(request))  # noqa: SLF001 - the pairing routes' own reader
+    except BodyTooLarge as exc:
+        assert mode == 0 and exc.message
+    except PairingError as exc:
+        assert mode == 1 and exc.status in (400, 413) and exc.message
+        assert (exc.status == 413) == refused
+    else:
+        assert mode == 2 or not refused
+    if over_declared:
+        assert pulled == [], "a declared length over the limit is refused before the body is read"
+    else:
+        assert sum(pulled[:-1]) <= limit, "nothing is asked for after the bytes passed the limit"
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "frames": frames,
     "output_check": output_check,
     "fqdn": fqdn,
     "address": address,
     "signature_headers": signature_headers,
+    "edge_body": edge_body,
 }

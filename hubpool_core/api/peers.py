@@ -12,6 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from hubpool_core.access.guards import PROVENANCE_HEADERS
+from hubpool_core.api.edge import BodyTooLarge, read_capped
 from hubpool_core.api.operator import _operator
 from hubpool_core.peering.addresses import AddressRefused, candidate_urls, parse_address, resolve_checked
 from hubpool_core.peering.client import PeerAuthError
@@ -36,9 +37,11 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
 
 
 async def _body(request: Request) -> Any:
-    raw = await request.body()
-    if len(raw) > MAX_CONTROL_BODY:
-        raise PairingError(413, f"Request body exceeds {MAX_CONTROL_BODY} bytes")
+    # a stranger can call every route here: the limit holds before a byte is read (api/edge.py)
+    try:
+        raw = await read_capped(request, MAX_CONTROL_BODY)
+    except BodyTooLarge as exc:
+        raise PairingError(413, exc.message) from None
     if not raw.strip():
         return None
     try:
