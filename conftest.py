@@ -20,7 +20,8 @@ SLOW = (
     "tests/security/test_api_fuzz.py",  # 15 s
     "tests/security/test_pin_and_recreated_peer.py",  # 11 s
     "tests/security/test_signing_attacks.py",  # 13 s
-    "tests/security/test_stranger_memory.py",  # 7 s: a node process sent 2 GiB by a stranger
+    "tests/security/test_header_flood.py",  # 11 s: thirty 2 MiB headers among 210 refusals
+    "tests/security/test_stranger_memory.py",  # 12 s: a node process sent 2 GiB and 320 MB of headers
     "tests/security/test_upgrade_state_machine.py",  # 17 s
     "tests/test_advice.py",  # 24 s
     "tests/test_affinity_contention.py",  # 9 s

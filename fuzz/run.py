@@ -38,6 +38,7 @@ def _fuzz_child(name: str, seconds: int, scratch: str) -> None:
 
     with atheris.instrument_imports(include=["hubpool_core", "fuzz"]):
         import hubpool_core.api.edge  # noqa: F401
+        import hubpool_core.api.local  # noqa: F401
         import hubpool_core.api.peers  # noqa: F401
         import hubpool_core.engine  # noqa: F401
         import hubpool_core.peering.addresses  # noqa: F401 - imported under instrumentation
@@ -45,6 +46,7 @@ def _fuzz_child(name: str, seconds: int, scratch: str) -> None:
         import hubpool_core.peering.signing  # noqa: F401
         import hubpool_core.proxy.output_check  # noqa: F401
         import hubpool_core.proxy.translate  # noqa: F401
+        import hubpool_core.telemetry.routing_log  # noqa: F401
         import hubpool_core.web.routes  # noqa: F401
         from fuzz.targets import TARGETS
     ARTIFACTS.mkdir(exist_ok=True)
@@ -55,7 +57,8 @@ def _fuzz_child(name: str, seconds: int, scratch: str) -> None:
 
 
 #: the targets in fuzz/targets.py, named here so the child can instrument before importing them
-NAMES = ("frames", "output_check", "fqdn", "address", "signature_headers", "edge_body")
+NAMES = ("frames", "output_check", "fqdn", "address", "signature_headers", "edge_body",
+         "refusal_headers")
 
 
 def main(argv: list[str] | None = None) -> int:

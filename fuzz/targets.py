@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from starlette.requests import Request
 
+from hubpool_core.api import local as local_routes
 from hubpool_core.api import peers as peer_routes
 from hubpool_core.api.edge import BodyTooLarge, read_capped
 from hubpool_core.engine import NATIVE, OPENAI, Engine
@@ -36,6 +37,7 @@ from hubpool_core.peering.signing import (
 )
 from hubpool_core.proxy.output_check import StreamJudge, degenerate, judge_whole
 from hubpool_core.proxy.translate import NativeToOpenAI
+from hubpool_core.telemetry.routing_log import MAX_TEXT, REFUSAL_CAPACITY, RoutingLog
 from hubpool_core.web import routes as web_routes
 
 
@@ -250,6 +252,47 @@ def edge_body(data: bytes) -> None:
         assert sum(pulled[:-1]) <= limit, "nothing is asked for after the bytes passed the limit"
 
 
+def strings_in(value: object) -> list[str]:
+    """Every string inside ``value`` (dict keys and values, list and tuple items, nested)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in strings_in(k) + strings_in(v)]
+    if isinstance(value, list | tuple):
+        return [s for v in value for s in strings_in(v)]
+    return []
+
+
+def refusal_headers(data: bytes) -> None:
+    """What a refused /local/* caller's headers leave in the routing log (api/local.py's
+    refusal_row over a real RoutingLog holding one decision). The input is the headers, one
+    per line (``name: value``, latin-1 as a server passes them), repeated by its first byte;
+    every second request comes from an admitted peer. Every string the log keeps is at most
+    MAX_TEXT; an unadmitted caller's row never takes the decision's id or place, and the kept
+    refusals never outnumber REFUSAL_CAPACITY."""
+    if not data:
+        return
+    log = RoutingLog()
+    decision = log.open(direction="outbound", path="/api/chat", model="m:1b", request_id="decision-1")
+    log.touch(decision, node="local", outcome="served", status=200, durationMs=5, totalMs=9)
+    kept = dict(decision)
+    headers: dict[str, str] = {}
+    for line in data[1:].decode("latin-1").split("\n"):
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    headers.setdefault("x-hub-pool-request-id", "decision-1")
+    repeats = 1 + data[0] % 60
+    for i in range(repeats):
+        sender = "hub-b.example-tailnet.ts.net" if data[0] & 0x80 and i % 2 else None
+        local_routes.refusal_row(log, "/api/chat", sender, headers, 401, "Invalid pool peer credentials")
+    rows = log.entries()
+    assert all(len(s) <= MAX_TEXT for s in strings_in(rows))
+    assert len(log.refusals) <= REFUSAL_CAPACITY
+    assert log.unauthenticated_refusals == sum(1 for i in range(repeats) if not (data[0] & 0x80 and i % 2))
+    if not data[0] & 0x80:
+        assert log.rows["decision-1"] == kept and len(log.rows) == 1  # only admitted callers reach the ring
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "frames": frames,
     "output_check": output_check,
@@ -257,4 +300,5 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "address": address,
     "signature_headers": signature_headers,
     "edge_body": edge_body,
+    "refusal_headers": refusal_headers,
 }

@@ -6,6 +6,9 @@ set now (``VmRSS``), from /proc, before and after. Memory, not time: no clock is
 
 - 256 MiB sent to each stranger door (declared, and chunked with no length) may grow the peak
   by at most 64 MB. Before issue 26, one 256 MiB body to ``/pair/request`` grew it by 512 MB.
+- Forty refused ``/local/*`` requests each carrying an 8 MB ``X-Hub-Pool-Model`` may leave at
+  most 64 MB more resident once answered, and the routing log holds no string over 300
+  characters. Before issue 26 they took a node from 94 MB to 424 MB, all of it held in the log.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import json
 import socket
 from pathlib import Path
 
+import httpx
 import pytest
 from harness import tailnet_status_for
 from process_harness import NodeProcess, free_port
@@ -95,3 +99,39 @@ def test_a_stranger_sending_256_mib_grows_the_node_by_at_most_64_mb(node):
                                     "peakGrowthMB": round(grown_mb, 1), "answers": answers})
     assert all(status == 413 for status in answers.values()), answers
     assert grown_mb <= GROWTH_BOUND_MB, (before, after)
+
+
+def _refused_with_a_big_header(port: int, mb: int) -> int:
+    """One /local/* request with no credential and an ``mb`` MB model header: its status."""
+    head = (f"POST {P}/local/api/chat HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+            "X-Hub-Pool-Backend: ollama\r\nX-Hub-Pool-Model: ").encode()
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(120)
+        sock.sendall(head + b"m" * (mb * 1000 * 1000) + b"\r\n\r\n{}")
+        raw = b""
+        while b"\r\n" not in raw:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            raw += chunk
+    return int(raw.split(b" ", 2)[1])
+
+
+def test_forty_8_mb_model_headers_leave_nothing_held(node):
+    with httpx.Client(base_url=node.url, timeout=30, trust_env=False, headers=node.headers()) as c:
+        _refused_with_a_big_header(node.port, 1)  # warm: the refusal's code paths have run once
+        before = _status(node.proc.pid)
+        statuses = [_refused_with_a_big_header(node.port, 8) for _ in range(40)]
+        after = _status(node.proc.pid)
+        log = c.get(P + "/routing-log?limit=10000").json()
+    longest = max(len(e["model"] or "") for e in log["entries"])
+    held_mb = (after["VmRSS"] - before["VmRSS"]) / 1024
+    _report("header-flood-memory", {"requests": len(statuses), "headerMB": 8,
+                                    "rssBeforeMB": round(before["VmRSS"] / 1024, 1),
+                                    "rssAfterMB": round(after["VmRSS"] / 1024, 1), "heldMB": round(held_mb, 1),
+                                    "peakAfterMB": round(after["VmHWM"] / 1024, 1),
+                                    "rowsHeld": len(log["entries"]), "longestModel": longest,
+                                    "unauthenticatedRefusals": log["summary"].get("unauthenticatedRefusals")})
+    assert statuses == [401] * 40
+    assert longest <= 300
+    assert held_mb <= GROWTH_BOUND_MB, (before, after)
