@@ -96,6 +96,19 @@ class Pairing:
             changes["bearer_grace_until"] = utcnow() + timedelta(milliseconds=ms)
         self.repo.update(peer_id, **changes)
 
+    def _pin_answer(self, peer_id: str, answer: dict[str, Any]) -> None:
+        """Pin the identity a PIN answer carried (learned from a response: this side signs at
+        once), and once it is pinned, forget the bearer the PIN request carried: that request
+        may have crossed a LAN in plain HTTP (pairing by address), and whoever read it could
+        otherwise present the token as the peer on /pair/confirm and /local/* until the peer
+        was first seen signing. The peer holds this node's key from the same request and
+        signs its confirm, so a row keyed by a PIN answer takes signed calls only (issue 26,
+        docs/pairing.md). Without a pinned key (a peer that cannot sign) the bearer is kept."""
+        self._pin_claim(peer_id, _valid_claim(answer.get("nodeUuid"), answer.get("publicKey")), grace=False)
+        row = self.repo.by_id(peer_id)
+        if row is not None and row.peer_public_key:
+            self.repo.update(peer_id, verify_token_hash=None)
+
     def _require_enabled(self) -> None:
         message = self.node.directions().describe_master()
         if message:
@@ -231,8 +244,7 @@ class Pairing:
             self.repo.delete(row.id)
             raise
         if pin is not None:
-            claim = _valid_claim(answer.get("nodeUuid"), answer.get("publicKey"))
-            self._pin_claim(row.id, claim, grace=False)  # learned from a response: sign at once
+            self._pin_answer(row.id, answer)
         return public_peer(self.repo.by_id(row.id))
 
     async def pair_by_address(self, address: str, pin: str, display_name: str | None) -> dict[str, Any]:
@@ -274,7 +286,7 @@ class Pairing:
                 raise PairingError(409, f"Already paired or pairing with {fqdn}")
             row = self.repo.add(PoolPeer(node_fqdn=fqdn, display_name=display_name, direction="outbound",
                                          status="pending", verify_token_hash=token_hash(token)))
-            self._pin_claim(row.id, _valid_claim(answer.get("nodeUuid"), answer.get("publicKey")), grace=False)
+            self._pin_answer(row.id, answer)
             return public_peer(self.repo.by_id(row.id))
         raise last or PairingError(502, f"No Hub answered at {address}")
 
