@@ -175,22 +175,9 @@ class Pairing:
             cooldown.clear(k)
 
     async def _check_membership(self, fqdn: str) -> None:
-        suffix = await self.node.tailnet.suffix()
-        if suffix is None:
-            return  # a node on no tailnet has nothing to compare against, and accepts
-        if not fqdn.endswith("." + suffix):
+        # a node on no tailnet has nothing to compare a request's name against, and accepts
+        if await self.node.tailnet.name_refusal(fqdn, unknown_suffix_ok=True) is not None:
             raise PairingError(403, OFF_TAILNET)
-        for directory in self.node.directories:
-            if not directory.configured():
-                continue
-            try:
-                members = await directory.members()
-            except Exception:  # noqa: BLE001 - an unreachable Admin API degrades to a warning
-                members = None
-            if members is None:
-                continue
-            if fqdn not in {normalize_peer_fqdn(m) for m in members}:
-                raise PairingError(403, OFF_TAILNET)
 
     async def receive_confirm(self, row: PoolPeer, body: dict[str, Any]) -> dict[str, Any]:
         if row.direction != "outbound" or row.status != "pending":
@@ -282,6 +269,14 @@ class Pairing:
                                         "by address.")
             if fqdn == own:
                 raise PairingError(409, f"{url} is this Hub")
+            # the name this node will dial for every forward from now on comes from the far side:
+            # it must be a device of this tailnet, as a pairing request's name must (issue 26)
+            refused = await self.node.tailnet.name_refusal(fqdn, unknown_suffix_ok=False)
+            if refused is not None:
+                log.warning("the Hub at %s answered with the name %s; not pairing: %s", url, fqdn, refused)
+                raise PairingError(400, f"The Hub at {url} says its tailnet name is {fqdn}, but {refused}. "
+                                        "Nothing was stored here. If that Hub is yours, sign it in to this "
+                                        "tailnet and pair again; its pending request expires there in 24 hours.")
             if self.repo.by_fqdn(fqdn) is not None:
                 raise PairingError(409, f"Already paired or pairing with {fqdn}")
             row = self.repo.add(PoolPeer(node_fqdn=fqdn, display_name=display_name, direction="outbound",
