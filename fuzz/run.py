@@ -37,6 +37,8 @@ def _fuzz_child(name: str, seconds: int, scratch: str) -> None:
     import atheris
 
     with atheris.instrument_imports(include=["hubpool_core", "fuzz"]):
+        import hubpool_core.access.guards  # noqa: F401
+        import hubpool_core.access.sessions  # noqa: F401
         import hubpool_core.api.edge  # noqa: F401
         import hubpool_core.api.local  # noqa: F401
         import hubpool_core.api.peers  # noqa: F401
@@ -58,7 +60,7 @@ def _fuzz_child(name: str, seconds: int, scratch: str) -> None:
 
 #: the targets in fuzz/targets.py, named here so the child can instrument before importing them
 NAMES = ("frames", "output_check", "fqdn", "address", "signature_headers", "edge_body",
-         "refusal_headers")
+         "refusal_headers", "signin_sources")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,8 @@ from collections.abc import Callable
 
 from starlette.requests import Request
 
+from hubpool_core.access import sessions
+from hubpool_core.access.guards import source_ip
 from hubpool_core.api import local as local_routes
 from hubpool_core.api import peers as peer_routes
 from hubpool_core.api.edge import BodyTooLarge, read_capped
@@ -293,6 +295,45 @@ def refusal_headers(data: bytes) -> None:
         assert log.rows["decision-1"] == kept and len(log.rows) == 1  # only admitted callers reach the ring
 
 
+_PROXY_HEADERS = ("x-forwarded-for", "cf-ray", "cf-connecting-ip", "true-client-ip", "x-real-ip")
+
+
+def signin_sources(data: bytes) -> None:
+    """The web sign-in limiter over the sources a stranger's headers name (access/guards.py's
+    source_ip, access/sessions.py's SignInLimiter), with the clock standing still. The first
+    byte says whether the proxy is trusted; then each pair of bytes is one wrong key: a client
+    address, and which proxy headers it sends (an X-Forwarded-For built from the bytes). The
+    source is the client address, the last forwarded hop when the proxy is trusted, or None;
+    the limiter never tracks more than MAX_SOURCES sources; a source held back stays held back
+    whatever else comes; a source that never guessed is let in while one tracked source is not
+    held back."""
+    if not data:
+        return
+    trust = bool(data[0] & 1)
+    limiter = sessions.SignInLimiter()
+    counts: dict[str | None, int] = {}
+    pairs = [data[i:i + 2] for i in range(1, len(data) - 1, 2)]
+    for a, b in pairs:
+        client = f"10.{a >> 4}.{a & 15}.{b}"
+        headers = {name: f"203.0.{a}.{b}, 198.51.100.{b}" if name == "x-forwarded-for" else f"v{b}"
+                   for i, name in enumerate(_PROXY_HEADERS) if b & (1 << i)}
+        source = source_ip(client, headers, trust)
+        forwarded = "x-forwarded-for" in headers
+        if trust and forwarded:
+            assert source == f"198.51.100.{b}"
+        elif not trust and (forwarded or any(h in headers for h in _PROXY_HEADERS[1:4])):
+            assert source is None
+        else:
+            assert source == client
+        limiter.failed(source)
+        counts[source] = counts.get(source, 0) + 1
+        assert len(limiter) <= sessions.MAX_SOURCES
+    for source, n in counts.items():
+        if n >= sessions.MAX_FAILURES and len(counts) <= sessions.MAX_SOURCES:
+            assert not limiter.allowed(source), source
+    assert limiter.allowed("192.0.2.1") or len(counts) >= sessions.MAX_SOURCES
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "frames": frames,
     "output_check": output_check,
@@ -301,4 +342,5 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "signature_headers": signature_headers,
     "edge_body": edge_body,
     "refusal_headers": refusal_headers,
+    "signin_sources": signin_sources,
 }

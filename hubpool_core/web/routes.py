@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from hubpool_core import __version__
-from hubpool_core.access.guards import operator_refusal
+from hubpool_core.access.guards import operator_refusal, source_ip, trusts_proxy
 from hubpool_core.access.sessions import CSRF_FIELD, SESSION_SECONDS, Session, cookie_header, csrf_ok, store_for
 from hubpool_core.api import operator
 from hubpool_core.api.edge import BodyTooLarge, read_capped
@@ -111,11 +111,17 @@ async def _form(request: Request) -> dict[str, str] | None:
 
 async def signin(request: Request) -> Response:
     """Trade the operator key for a session cookie; the key itself is never stored in the browser."""
-    keys = request.app.state.node.keys
+    node = request.app.state.node
+    keys = node.keys
     store = store_for(keys)
-    if not store.sign_in_allowed():
+    # the limit is per source (spec "What a source means"): one caller guessing must not lock
+    # the operator at another address out; callers behind an untrusted proxy share one count
+    source = source_ip(request.client.host if request.client else None, request.headers,
+                       trusts_proxy(node.env.trust_proxy))
+    if not store.sign_in_allowed(source):
         return _page("signin.html", status=429, headers={"Retry-After": "60"},
-                     error="Too many wrong keys in the last minute. Wait a minute, then try again.")
+                     error="Too many wrong keys from this address in the last minute. Wait a minute, then try "
+                           "again.")
     form = await _form(request)
     if form is None:
         return _page("signin.html", status=413, error=TOO_LARGE)
@@ -123,7 +129,7 @@ async def signin(request: Request) -> Response:
     principal = keys.resolve(key) if key else None
     if principal is None or principal.scope != "operator":
         if key:
-            store.failed_sign_in()
+            store.failed_sign_in(source)
         message = ("Enter the operator key." if not key else
                    "That is not an operator key of this node. It is in operator.key in the node's data directory.")
         return _page("signin.html", status=401, error=message)
