@@ -51,6 +51,11 @@ class Session:
     created: float = field(default_factory=time.time)
 
 
+def _source_key(source: str | None) -> str:
+    # prefixed, so no address a header names can be mistaken for the shared keys
+    return f"ip:{source}" if source else UNIDENTIFIED
+
+
 class SignInLimiter:
     """Wrong operator keys per source, :data:`MAX_FAILURES` a minute each (issue 26).
 
@@ -97,13 +102,13 @@ class SignInLimiter:
     def allowed(self, source: str | None) -> bool:
         """False while ``source`` (None: not identifiable) has had too many wrong keys this minute."""
         now = time.time()
-        times = self._failures.get(self._slot(source or UNIDENTIFIED, now, make_room=False))
+        times = self._failures.get(self._slot(_source_key(source), now, make_room=False))
         return times is None or not self._held(times, now)
 
     def failed(self, source: str | None) -> None:
         """Count one wrong key from ``source``."""
         now = time.time()
-        key = self._slot(source or UNIDENTIFIED, now, make_room=True)
+        key = self._slot(_source_key(source), now, make_room=True)
         times = self._failures.pop(key, None) or deque(maxlen=MAX_FAILURES)
         times.append(now)
         self._failures[key] = times  # last: the table is ordered by each source's last wrong key
