@@ -202,3 +202,34 @@ def test_status_shows_context_caps_and_measured_speed(tmp_path):
         finally:
             for n in nodes.values():
                 n.stop()
+
+
+def test_a_deadline_missed_with_other_work_in_flight_is_not_slow_hardware(tmp_path):
+    """Issue 26.12: a streamed turn that ran out of its first-byte budget while the node had
+    other work in flight was recorded "at least this slow", advertised and demoting the node
+    for 30 minutes; a sample is taken only alone (spec), and so is a miss now. Alone, the same
+    miss is still evidence."""
+    from harness import RunningNode, wait_until
+
+    cfg = SimConfig(flavor="ollama", models=[SimModel("big:8b", window=65536)], decode_ms_per_token=20)
+    env = {"HUB_POOL_FIRST_BYTE_TIMEOUT_MS": "1000", "HUB_POOL_DEV_FIRST_BYTE_FLOOR_MS": "1000",
+           "HUB_POOL_MIN_PREFILL_TOKENS_PER_SEC": "100000"}
+    long_turn = {"model": "big:8b", "stream": True, "messages": [{"role": "user", "content": "word " * 5000}]}
+    with run_in_thread(cfg) as sim, RunningNode(tmp_path / "n", {"OLLAMA_URL": sim.url, **env}) as node:
+        with httpx.stream("POST", node.url + "/api/chat", timeout=60, json={
+                "model": "big:8b", "messages": [{"role": "user", "content": "hi"}],
+                "options": {"num_predict": 200}}) as busy:  # ~4 s of decoding: in flight throughout
+            assert busy.status_code == 200
+            assert wait_until(lambda: node.node.load.local == 1)
+            sim.add_fault("hang", count=1)
+            r = httpx.post(node.url + "/api/chat", json=long_turn, timeout=30)
+            assert r.status_code == 502 and "deadline" in r.json()["error"], r.text
+            assert node.node.load.local == 1  # the other turn was still running when it missed
+            assert op(node, "GET", "/status")["localNode"]["throughput"] == []
+            b"".join(busy.iter_raw())
+        assert wait_until(lambda: node.node.load.local == 0)
+        sim.add_fault("hang", count=1)
+        r = httpx.post(node.url + "/api/chat", json=long_turn, timeout=30)
+        assert r.status_code == 502, r.text
+        own = op(node, "GET", "/status")["localNode"]["throughput"]
+        assert own and own[0]["prefill"][0]["deadline"] is True, own  # alone: at least this slow

@@ -98,7 +98,8 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
         log_.touch(row, node=plan.inbound_from or cand.node, peerId=cand.peer_id, backend=cand.backend,
                    attempt=attempt)
         work = (cand.backend, plan.model, plan.num_ctx) if cand.is_local else None
-        # a sample is taken only when the node had nothing else in flight, as far as we can tell
+        # a sample (or a missed deadline) counts only when the node had nothing else in flight,
+        # as far as we can tell
         alone = (load.local == 0) if cand.is_local else (cand.in_flight == 0)
         cold = node.residency.resident(cand.node, cand.backend, plan.model) is False
         if plan.span is not None:
@@ -114,7 +115,7 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
                 settle_hangup(node, plan, cand, started)
                 return
             except TimeoutError:
-                if plan.stream and plan.route in COMPLETION_ROUTES:
+                if plan.stream and plan.route in COMPLETION_ROUTES and alone:  # a queue is not slow hardware
                     node.throughput.record_deadline_miss(cand.node, cand.backend, fold_model_id(plan.model),
                                                          plan.estimated_tokens, plan.budget_ms)
                 raise Failed(None, f"No response headers within {plan.budget_ms}ms", deadline=True) from None
