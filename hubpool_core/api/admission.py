@@ -33,6 +33,7 @@ from starlette.types import Receive, Scope, Send
 from hubpool_core.api.dialects import error_body as dialect_error_body
 from hubpool_core.engine import AGENT_DIALECTS, OPENAI
 from hubpool_core.placement import NoAutoModel, PlacementRequest, Plan, place, snapshot_of
+from hubpool_core.placement.load import Work
 from hubpool_core.placement.speed import candidate_slots
 
 log = logging.getLogger("hubpool.admission")
@@ -182,8 +183,8 @@ class AdmissionQueue:
             first = plan.candidates[0]
             # reserved now, so the next waiter sees this slot taken; the walk's first attempt
             # counts it as its own (RelayPlan.reserved)
-            node.load.acquire(first.peer_id, (first.backend, plan.model, plan.context.num_ctx)
-                              if first.is_local else None)
+            node.load.acquire(first.peer_id, Work(first.backend, plan.model, plan.context.num_ctx,
+                                                  plan.context.judged) if first.is_local else None)
             self._release(waiter, plan)
 
     def _release(self, waiter: Waiter, plan: Any) -> None:

@@ -22,6 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 from hubpool_core.engine import AGENT_DIALECTS, RESPONSES
 from hubpool_core.models_ids import fold_model_id
+from hubpool_core.placement.load import Work
 from hubpool_core.proxy.attempt import Failed, send_attempt, transport_code
 from hubpool_core.proxy.failover import exhausted, fails_over, passed_over
 from hubpool_core.proxy.hangup import ClientGone, Hangup, settle_hangup
@@ -97,7 +98,7 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
         observe(plan, "placed" if attempt == 1 else "failed_over", cand)
         log_.touch(row, node=plan.inbound_from or cand.node, peerId=cand.peer_id, backend=cand.backend,
                    attempt=attempt)
-        work = (cand.backend, plan.model, plan.num_ctx) if cand.is_local else None
+        work = Work(cand.backend, plan.model, plan.num_ctx, judged) if cand.is_local else None
         # a sample (or a missed deadline) counts only when the node had nothing else in flight,
         # as far as we can tell
         alone = (load.local == 0) if cand.is_local else (cand.in_flight == 0)
