@@ -171,9 +171,27 @@ class Pin(BaseModel):
     mode: str = Field(default="prefer", pattern="^prefer$")
 
 
-#: poolSessionSources' default: hubpool's header, Claude Code's metadata.user_id, Codex's
-#: session_id header (placement/sessions.py reads them)
-DEFAULT_SESSION_SOURCES = ("header:X-Hub-Pool-Session", "body:metadata.user_id", "header:session_id")
+#: poolSessionSources' default, first match wins (placement/sessions.py reads them): hubpool's
+#: header; Claude Code's session header and metadata.user_id; Codex's session-id header and
+#: prompt_cache_key; OpenCode's x-session-id and x-session-affinity
+DEFAULT_SESSION_SOURCES = (
+    "header:X-Hub-Pool-Session",
+    "header:X-Claude-Code-Session-Id",
+    "body:metadata.user_id",
+    "header:session-id",
+    "body:prompt_cache_key",
+    "header:x-session-id",
+    "header:x-session-affinity",
+)
+#: the default before the agents' own ids were read: a settings file that holds exactly this
+#: was never edited (settings are written whole), so it takes the new default at load
+LEGACY_DEFAULT_SESSION_SOURCES = ["header:X-Hub-Pool-Session", "body:metadata.user_id", "header:session_id"]
+#: poolModelAliases' default: Claude Code's background model (claude-haiku-…) and any other
+#: Claude name no node serves go to the pool's `auto` model
+DEFAULT_MODEL_ALIASES = {"claude-*": "auto"}
+MAX_MODEL_ALIASES = 50
+#: a model name or pattern: 1-200 printable characters, no spaces
+MODEL_NAME_PATTERN = r"^[!-~]{1,200}$"
 SESSION_SOURCE_PATTERN = r"^(header:[A-Za-z0-9_-]{1,64}|body:[A-Za-z0-9_]{1,64}(\.[A-Za-z0-9_]{1,64}){0,3})$"
 
 
@@ -199,7 +217,7 @@ class PoolSettings(BaseModel):
     #: hubpool's own: where a request's session id is read from for prefix affinity, first
     #: match wins ("header:<name>", "body:<dotted.path>"); see placement/sessions.py
     poolSessionSources: list[Annotated[str, StringConstraints(pattern=SESSION_SOURCE_PATTERN)]] = Field(
-        default_factory=lambda: list(DEFAULT_SESSION_SOURCES), max_length=8)
+        default_factory=lambda: list(DEFAULT_SESSION_SOURCES), max_length=16)
     #: hubpool's own, beyond the spec: 1 adds what a local engine itself reports running
     #: or waiting beyond this node's own requests (for engines whose plugin can read such a
     #: figure) to that candidate's queue depth; 0 (the default, until measured) ranks on the
@@ -223,6 +241,12 @@ class PoolSettings(BaseModel):
     ollamaSlots: int | None = Field(default=None, ge=1, le=256)
     #: hubpool's own: the model `auto` prefers, wherever in the pool it is served (Settings → Inference)
     inferenceModel: str | None = Field(default=None, max_length=200)
+    #: hubpool's own: model name or glob pattern -> a pool model or "auto", for names no node
+    #: serves (Claude Code's background claude-haiku-…, a client's default model); see
+    #: placement/aliases.py
+    poolModelAliases: dict[Annotated[str, StringConstraints(pattern=MODEL_NAME_PATTERN)],
+                           Annotated[str, StringConstraints(pattern=MODEL_NAME_PATTERN)]] = Field(
+        default_factory=lambda: dict(DEFAULT_MODEL_ALIASES), max_length=MAX_MODEL_ALIASES)
     #: hubpool's own: plugins switched off by name (takes effect at the next start)
     pluginsDisabled: list[str] = Field(default_factory=list, max_length=100)
 
@@ -244,7 +268,16 @@ def describe_range(key: str) -> str:
     if lo is not None and hi is not None:
         suffix = ", or null" if field.default is None else ""
         return f"{lo}–{hi}{suffix}"
-    return str(field.annotation)
+    return SHAPES.get(key, str(field.annotation))
+
+
+#: what a setting that is not a number or a switch must be, in words (422 messages, the web UI)
+SHAPES = {
+    "poolModelAliases": (f'an object of at most {MAX_MODEL_ALIASES} model names or glob patterns (printable, '
+                         'no spaces), each mapped to a pool model or "auto"'),
+    "poolSessionSources": 'a list of at most 16 "header:<name>" or "body:<dotted.path>" strings',
+    "poolAdmissionBatchKeys": "a list of at most 100 inference key ids",
+}
 
 
 class SettingsError(ValueError):
@@ -278,6 +311,8 @@ class SettingsStore:
         if not isinstance(raw, dict):
             return PoolSettings()
         good: dict[str, Any] = {}
+        if raw.get("poolSessionSources") == LEGACY_DEFAULT_SESSION_SOURCES:
+            del raw["poolSessionSources"]
         for key, value in raw.items():
             if key not in PoolSettings.model_fields:
                 continue

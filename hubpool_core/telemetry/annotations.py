@@ -57,6 +57,10 @@ def annotations(e: dict[str, Any]) -> list[str]:
             notes.append(f"{who} mid-answer after {e.get('totalMs')} ms — not a routing failure")
     if e.get("requestError"):
         notes.append(request_error_text(e))
+    if e.get("requestedModel"):
+        asked = e["requestedModel"]
+        how = "auto" if asked == "auto" else "a model alias (poolModelAliases): no node serves that name"
+        notes.append(f"asked for {asked}, placed as {e.get('model')} — {how}")
     pin = e.get("pin")
     if pin:
         scope = "a model pin" if pin.get("scope") == "model" else "the default pin"

@@ -95,6 +95,10 @@ SETTING_WORDS: dict[str, tuple[str, str]] = {
     "inferenceModel": (
         "Model for \u201cauto\u201d",
         "The model a request for auto gets, wherever in the pool it is served. Empty: none chosen."),
+    "poolModelAliases": (
+        "Model aliases (name or pattern = model)",
+        "A model name no Hub serves, or a pattern such as claude-*, and the model it runs on instead "
+        "(or auto). One per line. Claude Code's background model is a claude-… name."),
     "pluginsDisabled": (
         "Plugins switched off",
         "Plugins by name that this node does not load; takes effect at the next start."),
