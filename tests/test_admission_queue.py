@@ -301,7 +301,7 @@ def test_a_waiter_whose_app_hangs_up_while_the_pump_places_it_leaks_no_slot(gate
     assert r.status_code == 200 and "x-hub-pool-queued-ms" not in r.headers, (r.status_code, r.text)
 
 
-@pytest.mark.parametrize("header,source", [("X-Hub-Pool-Session", "X-Hub-Pool-Session"), ("session_id", "session_id")])
+@pytest.mark.parametrize("header,source", [("X-Hub-Pool-Session", "X-Hub-Pool-Session"), ("session-id", "session-id")])
 def test_a_queued_request_keeps_its_session_source(gated, header, source):
     """Issue 26.11: placed again by the queue, the request lost where its session came from:
     the affinity row named the wrong source and X-Hub-Pool-Session was not forwarded."""
