@@ -235,6 +235,25 @@ class PoolSettings(BaseModel):
     #: behind every interactive one)
     poolAdmissionBatchKeys: list[str] = Field(default_factory=list, max_length=100)
     poolRouteAppsAlways: bool = True
+    #: hubpool's own, issue 28 and 25 (docs/reliability.md, "Streams that stop"): 1 commits a
+    #: stream to the app at its first real content, not at its engine's headers, so one that
+    #: sends headers and a role chunk and then nothing fails over within the first-byte budget;
+    #: 0 commits at the headers, as the spec does
+    poolStreamFirstToken: int = Field(default=1, ge=0, le=1)
+    #: a streamed Messages, Responses or OpenAI request with no content yet is committed to the
+    #: app after this long and kept alive at this cadence (Claude Code and Codex give up on a
+    #: stream silent for 300 s); 0 is off
+    poolStreamKeepAliveMs: int = Field(default=15_000, ge=0, le=290_000)
+    #: a committed stream with no new content for this long ends as `stalled` (the dialect's
+    #: error event; struck like an output fault). 120 s: over the longest silence a healthy
+    #: engine keeps mid-answer on a slow box (docs/reliability.md), under the agents' 300 s; 0 is off
+    poolStreamStallMs: int = Field(default=120_000, ge=0, le=3_600_000)
+    #: 1 ends a stream whose text loops (proxy/loops.py) as `degenerate-loop`; 0 is off
+    poolStreamLoopGuard: int = Field(default=1, ge=0, le=1)
+    #: 1 continues a stream cut mid-answer (its node gone, stalled, looping) on the next
+    #: candidate, spliced into the same stream; 0 (the default, as the spec has it) never moves
+    #: an answer that has started
+    poolStreamResume: int = Field(default=0, ge=0, le=1)
     #: inference preferences (PATCH /api/inference/preferences): this node's context cap and
     #: its statement of the engine's parallel slots; None is "not stated", never unlimited
     maxNumCtx: int | None = Field(default=None, ge=256, le=1_048_576)
