@@ -46,6 +46,7 @@ SLOW = (
     "sim/tests/test_stream_faults.py",  # 10 s
     "tests/test_clients_ollama.py",  # 7 s
     "tests/test_history.py",  # 18 s: nodes with history on, restarted, and the CLI
+    "tests/test_hangup_after_headers.py",  # 8 s: engines that stall after their headers, one pair of nodes
     "tests/test_history_crash.py",  # 27 s: a node process SIGKILLed under load and started again
     "tests/test_identity_lifecycle.py",  # 8 s
     "tests/test_identity_recovery.py",  # 10 s: a real restart and three CLI runs
@@ -66,6 +67,7 @@ SLOW = (
     "tests/test_ttft_ranking.py",  # 20 s: two nodes, engines held busy
     "tests/test_upgrade.py",  # 16 s: the previous release's data directory, migrated and served
     "tests/test_verdicts_output.py",  # 9 s
+    "tests/test_walk_ends.py",  # 8 s: every agent dialect's 502, a pair of nodes for a stored response
 )
 
 

@@ -279,13 +279,14 @@ def _first_error(exc: Exception) -> str:
 def status_pins(node: Any, backends: list[Any]) -> list[dict[str, Any]]:
     """Every pin with its target named and targetAvailable from the ranker's own predicates."""
     from hubpool_core.placement import peer_offers
+    from hubpool_core.placement.pins import local_target_available
 
     out = []
     for pin in node.settings.current.poolPins:
         row: dict[str, Any] = pin.model_dump()
         if pin.targetKind == "local":
             row["nodeFqdn"] = None
-            row["targetAvailable"] = any(b.healthy and (pin.model is None or b.lists(pin.model)) for b in backends)
+            row["targetAvailable"] = local_target_available(pin.model, backends, node.unservable.withheld_models)
         else:
             peer = node.peers.by_id(pin.targetPeerId)
             row["nodeFqdn"] = peer.node_fqdn if peer else None
