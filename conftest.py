@@ -51,6 +51,7 @@ SLOW = (
     "tests/test_serve.py",  # 14 s
     "tests/test_serve_path.py",  # 12 s
     "tests/test_split_stages.py",  # 18 s
+    "tests/test_strict_numbers.py",  # 38 s: nodes started with bad numbers, `hubpool serve` processes
     "tests/test_throughput_e2e.py",  # 19 s
     "tests/test_tracing.py",  # 15 s
     "tests/test_ttft_ranking.py",  # 20 s: two nodes, engines held busy

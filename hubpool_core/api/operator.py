@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from hubpool_core.access.guards import operator_refusal
-from hubpool_core.config import Pin, SettingsError
+from hubpool_core.config import Pin, SettingsError, whole_in_range
 from hubpool_core.node.directions import resolve_directions
 from hubpool_core.peering.peers import public_peer
 from hubpool_core.peering.signing import normalize_peer_fqdn
@@ -68,10 +68,9 @@ async def routing_log(request: Request) -> Response:
     params = request.query_params
     limit = None
     if "limit" in params:
-        raw = params["limit"]
-        if not raw.isdigit() or not 1 <= int(raw) <= MAX_CAPACITY:
+        limit = whole_in_range(params["limit"], 1, MAX_CAPACITY)
+        if limit is None:
             return JSONResponse({"error": f"limit must be a whole number from 1 to {MAX_CAPACITY}"}, status_code=400)
-        limit = int(raw)
     since = None
     if "since" in params:
         try:
@@ -97,8 +96,8 @@ async def routing_history(request: Request) -> Response:
                                       "database URL) and restart it (docs/history.md)",
                              "code": "history_off"}, status_code=409)
     params = request.query_params
-    raw_limit = params.get("limit", "1000")
-    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= HISTORY_MAX_PAGE:
+    limit = whole_in_range(params.get("limit", "1000"), 1, HISTORY_MAX_PAGE)
+    if limit is None:
         return JSONResponse({"error": f"limit must be a whole number from 1 to {HISTORY_MAX_PAGE}"}, status_code=400)
     filters: dict[str, Any] = {}
     for key in ("since", "until"):
@@ -115,7 +114,7 @@ async def routing_history(request: Request) -> Response:
     for key in ("model", "node"):
         if params.get(key):
             filters[key] = params[key].strip()
-    found = await asyncio.to_thread(node.history_store.query, limit=int(raw_limit), **filters)
+    found = await asyncio.to_thread(node.history_store.query, limit=limit, **filters)
     return JSONResponse({**found, "history": node.history.status() if node.history else None})
 
 
@@ -138,7 +137,9 @@ async def status(request: Request) -> Response:
         "settings": settings.model_dump(),
         # the store: which backend, and whether it answers (a node keeps routing without it)
         "database": node.db.status(),
-        "history": node.history.status() if node.history is not None else {"enabled": False},
+        # off, and (when HUB_POOL_HISTORY names a database that cannot be opened) why
+        "history": node.history.status() if node.history is not None else {
+            "enabled": False, **({"error": node.history_error} if node.history_error else {})},
         "tailscaleAdminApiConfigured": bool(node.env.tailscale_oauth_client_id
                                             and node.env.tailscale_oauth_client_secret),
         "localNode": {

@@ -8,7 +8,8 @@ from urllib.parse import urlencode
 import typer
 
 from hubpool_core.cli.client import NodeError
-from hubpool_core.cli.commands import JsonOption, UrlOption, _client, _fail, app, out
+from hubpool_core.cli.commands import JsonOption, UrlOption, _client, _fail, app, out, whole_number
+from hubpool_core.config import parse_whole
 
 MARK = {"ready": "✓", "warning": "!", "needs action": "✗"}
 
@@ -33,7 +34,7 @@ def doctor(url: str | None = UrlOption, as_json: bool = JsonOption) -> None:
 
 @app.command()
 def handout(tools: bool = typer.Option(False, "--tools", help="The client needs tool calling."),
-            min_context: int | None = typer.Option(None, "--min-context", min=1,
+            min_context: int | None = typer.Option(None, "--min-context", min=1, parser=whole_number,
                                                       help="The smallest context window the client accepts."),
             env_lines: bool = typer.Option(False, "--env", help="Print only KEY=VALUE lines for a .env file."),
             url: str | None = UrlOption, as_json: bool = JsonOption) -> None:
@@ -67,12 +68,9 @@ def handout(tools: bool = typer.Option(False, "--tools", help="The client needs 
 
 def _state(url: str | None, value: str, what: str, path: str, key: str, label: str, absent: str) -> None:
     """Write one number-or-clear statement and print what the node now holds."""
-    if value == "clear":
-        number = None
-    elif value.isdigit():
-        number = int(value)
-    else:
-        _fail(f"{what} takes a whole number or `clear`")
+    number = None if value == "clear" else parse_whole(value)
+    if number is None and value != "clear":
+        _fail(f"{what} takes a whole number or `clear` (not {value!r})")
     try:
         data = _client(url).patch(path, {key: number})
     except NodeError as exc:

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hubpool_core.cli.client import NodeClient, NodeError
-from hubpool_core.config import EnvSettings
+from hubpool_core.config import EnvSettings, parse_whole
 
 app = typer.Typer(
     name="hubpool",
@@ -58,6 +58,16 @@ def _fail(message: str, code: int = 1) -> None:
     raise typer.Exit(code)
 
 
+def whole_number(text: str | int) -> int:
+    """A command-line number, by the node's own rule (ASCII digits only: no "--5", no "²")."""
+    if isinstance(text, int):  # an option's default comes through the parser as it stands
+        return text
+    value = parse_whole(text)
+    if value is None:
+        raise typer.BadParameter(f"{text!r} is not a whole number")
+    return value
+
+
 def _client(url: str | None) -> NodeClient:
     try:
         return NodeClient.from_environment(url)
@@ -74,13 +84,13 @@ def serve(
 ) -> None:
     """Run this machine's node in the foreground (logs go to stderr)."""
     from hubpool_core.node.server import run_node
-    from hubpool_core.store.db import SchemaTooNew
+    from hubpool_core.store.db import DatabaseUrlError, SchemaTooNew
 
     if listen:
         os.environ["HUB_POOL_LISTEN"] = listen
     try:
         run_node(EnvSettings(), log_level=log_level)
-    except SchemaTooNew as exc:  # a downgrade: said in a sentence, not a traceback
+    except (SchemaTooNew, DatabaseUrlError) as exc:  # a downgrade, a mistyped URL: a sentence, not a traceback
         _fail(str(exc))
 
 
@@ -227,9 +237,9 @@ def _store_failure(exc: BaseException) -> tuple[str | None, int]:
     A sentence, never a traceback, and a code a script can act on: 75 try again later (busy
     lock), 74 I/O (full disk), 69 the database is unreachable, 1 a schema from a newer release."""
     from hubpool_core.store import storage_refusal
-    from hubpool_core.store.db import SchemaTooNew, describe, redacted
+    from hubpool_core.store.db import DatabaseUrlError, SchemaTooNew, describe, redacted
 
-    if isinstance(exc, SchemaTooNew):
+    if isinstance(exc, (SchemaTooNew, DatabaseUrlError)):
         return str(exc), 1
     env = EnvSettings()
     refused = storage_refusal(exc, env.data_dir)

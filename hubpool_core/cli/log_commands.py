@@ -11,7 +11,7 @@ from urllib.parse import urlencode
 
 import typer
 
-from hubpool_core.cli.commands import UrlOption, _fail, app
+from hubpool_core.cli.commands import UrlOption, _fail, app, whole_number
 from hubpool_core.cli.format import counts_line, labelled, table, when
 from hubpool_core.cli.pairing_commands import _call
 from hubpool_core.telemetry.annotations import annotations
@@ -54,8 +54,8 @@ def write_csv(entries: list[dict[str, Any]]) -> None:
 
 @app.command("log")
 def log_cmd(
-    limit: int = typer.Option(20, "--limit", help="How many decisions to show: 1 to 200 from the ring, up to "
-                                                  "10000 from the history."),
+    limit: int = typer.Option(20, "--limit", parser=whole_number,
+                              help="How many decisions to show: 1 to 200 from the ring, up to 10000 from the history."),
     since: str | None = typer.Option(None, "--since", help="Read the persisted history from this long ago (90s, "
                                                            "30m, 2h, 7d) or an ISO 8601 time."),
     model: str | None = typer.Option(None, "--model", help="Only this model (reads the history)."),

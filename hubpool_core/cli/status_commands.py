@@ -75,7 +75,9 @@ def _store_lines(s: dict[str, Any]) -> list[str]:
                                               "changes wait for it"))
     history = s.get("history")
     if history:
-        if not history.get("enabled"):
+        if not history.get("enabled") and history.get("error"):
+            lines.append(labelled("History", f"off — {history['error']}"))
+        elif not history.get("enabled"):
             lines.append(labelled("History", "off (HUB_POOL_HISTORY=sqlite keeps routing decisions across restarts)"))
         else:
             text = (f"on — {history.get('written', 0)} rows written, kept {history.get('retentionDays')} days, "
