@@ -268,7 +268,8 @@ def listen_host_port(listen: str) -> tuple[str, int]:
 
 def local_base_url(listen: str) -> str:
     """Where a process on this machine reaches a node listening on ``listen``: a wildcard
-    address is dialled on loopback, an IPv6 one in brackets."""
+    address is dialled on loopback, an IPv6 one in brackets. The CLI, `hubpool service` and
+    doctor's fix for C2 (the `tailscale serve` line) all use this one mapping."""
     host, port = listen_host_port(listen)
     if host in ("0.0.0.0", "::", ""):
         host = "127.0.0.1"
@@ -276,6 +277,10 @@ def local_base_url(listen: str) -> str:
         host = f"[{host}]"
     return f"http://{host}:{port}"
 
+
+def tailscale_serve_line(listen: str) -> str:
+    """The command that publishes the node at https://<this machine's tailnet name>."""
+    return f"tailscale serve --bg --https=443 {local_base_url(listen)}"
 
 
 def env_flag_off(name: str) -> bool:

@@ -23,7 +23,7 @@ import typer
 
 from hubpool_core.cli import service_files as sf
 from hubpool_core.cli.commands import _fail, app, err
-from hubpool_core.config import DEFAULT_PORT
+from hubpool_core.config import DEFAULT_PORT, local_base_url
 
 service_app = typer.Typer(help="Run the node as a service: started at boot, restarted on failure "
                                "(systemd on Linux, launchd on macOS).", no_args_is_help=True)
@@ -288,10 +288,7 @@ def status(
 
 
 def _node_answers(listen: str) -> bool:
-    host, _, port = listen.rpartition(":")
-    host = host.strip("[]") or "127.0.0.1"
-    host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    url = f"http://{host if ':' not in host else f'[{host}]'}:{port}/api/inference/pool/identify"
+    url = local_base_url(listen) + "/api/inference/pool/identify"
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
         with opener.open(url, timeout=3) as resp:

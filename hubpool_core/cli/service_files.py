@@ -17,6 +17,9 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# the publish line lives beside the listen-address mapping it shares with doctor's C2 fix
+from hubpool_core.config import tailscale_serve_line  # noqa: F401 - re-exported for the service commands
+
 UNIT_NAME = "hubpool.service"
 LAUNCHD_LABEL = "dev.hubpool.node"
 #: the system unit's StateDirectory=; systemd creates /var/lib/hubpool (user units: ~/.local/state/hubpool)
@@ -188,14 +191,3 @@ def launchd_plist(spec: ServiceSpec, environment: dict[str, str]) -> bytes:
     if not spec.user and spec.run_as:
         doc["UserName"] = spec.run_as
     return plistlib.dumps(doc, sort_keys=False)
-
-
-def tailscale_serve_line(listen: str) -> str:
-    """The command that publishes the node at https://<this machine's tailnet name>."""
-    host, _, port = listen.rpartition(":")
-    host = host.strip("[]") or "127.0.0.1"
-    if host in ("0.0.0.0", "::"):
-        host = "127.0.0.1"
-    if ":" in host:
-        host = f"[{host}]"
-    return f"tailscale serve --bg --https=443 http://{host}:{port or 5002}"

@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from hubpool_core.config import tailscale_serve_line
+
 log = logging.getLogger("hubpool.doctor")
 
 READY, WARNING, ACTION = "ready", "warning", "needs action"
@@ -32,8 +34,8 @@ async def run_checks(node: Any) -> list[dict[str, Any]]:
                              "check this machine's network, then `tailscale status`"))
     else:
         checks.append(_check("C1", "Tailnet name", READY, name))
-    host, port = node.env.host_port
-    serve_fix = f"tailscale serve --bg --https=443 http://{host}:{port}"
+    # the same mapping as the service's line: a wildcard address is served from loopback
+    serve_fix = tailscale_serve_line(node.env.listen)
     if tailnet.serving is True:
         checks.append(_check("C2", "Published over Tailscale", READY, f"https://{name} fronts this node"))
     elif tailnet.serving is False:
