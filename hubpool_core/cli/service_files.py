@@ -133,7 +133,7 @@ def systemd_unit(spec: ServiceSpec) -> str:
         "Type=exec",
         *who,
         # '-': a missing file is not an error (every setting has a default)
-        f"EnvironmentFile=-{_systemd_path(spec.env_file)}",
+        f"EnvironmentFile=-{_systemd_path(spec.env_file, quoted=False)}",
         f"ExecStart={_systemd_path(spec.executable)} serve",
         "Restart=on-failure",
         "RestartSec=5s",
@@ -167,15 +167,24 @@ def systemd_unit(spec: ServiceSpec) -> str:
     return "\n".join(lines)
 
 
-def _systemd_path(path: Path) -> str:
-    # systemd reads %-specifiers in paths; a literal % must be doubled, and a space quoted
+def _systemd_path(path: Path, quoted: bool = True) -> str:
+    """A path as a unit file spells it: systemd reads %-specifiers, so a literal % is doubled.
+    ExecStart= and ReadWritePaths= split on spaces and take quotes; EnvironmentFile= takes the
+    rest of the line as the path and no quotes at all (a quoted one is "not absolute, ignoring",
+    and the service then starts without its environment)."""
     text = str(path).replace("%", "%%")
-    return shlex.quote(text) if " " in text else text
+    return shlex.quote(text) if quoted and " " in text else text
+
+
+#: the plist's mode: launchd reads no environment file, so the plist holds the environment file's
+#: values (the operator key, the Tailscale OAuth secret) and is as private as that file
+PLIST_MODE = 0o600
 
 
 def launchd_plist(spec: ServiceSpec, environment: dict[str, str]) -> bytes:
     """The launchd agent (per user) or daemon: launchd reads no environment file, so the file's
-    variables are copied in; KeepAlive restarts the node when it exits with a failure."""
+    variables are copied in (the plist is written :data:`PLIST_MODE`); KeepAlive restarts the
+    node when it exits with a failure."""
     doc: dict[str, object] = {
         "Label": LAUNCHD_LABEL,
         "ProgramArguments": [str(spec.executable), "serve"],
