@@ -3,6 +3,7 @@ line and the peers table that `status` and `peers` both print (protocol.md §5c)
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -12,6 +13,36 @@ UNREACHABLE_THRESHOLD = 3
 
 PEER_COLUMNS = (("ID", 8), ("NODE", 34), ("DIR", 4), ("STATUS", 16), ("LAST SEEN", 20), ("QUEUE", 5),
                 ("CONTEXT", 7), ("ENGINES", 0))
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print on the operator's terminal: every control character (C0, DEL,
+    C1: the escape sequences a terminal obeys), format character (bidi overrides, zero-width
+    marks) and line or paragraph separator is shown as ``\\xNN`` / ``\\uNNNN``. A model
+    name is whatever a caller sent, so it must never drive the terminal that shows it."""
+    if text.isprintable():  # the common case: nothing to look at character by character
+        return text
+    out = []
+    for c in text:
+        if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp"):
+            out.append(f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+#: what a spreadsheet reads as the start of a formula (OWASP's CSV injection list)
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: Any) -> Any:
+    """One CSV cell: text printable (see :func:`printable`), and a leading ``= + - @`` (tab,
+    carriage return) neutralised with a ``'`` so a spreadsheet shows it instead of running it.
+    Numbers are left as they are."""
+    if not isinstance(value, str):
+        return value
+    text = printable(value)
+    return "'" + text if text.startswith(FORMULA_STARTS) else text
 
 
 def when(value: str | None, missing: str = "-") -> str:

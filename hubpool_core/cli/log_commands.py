@@ -12,7 +12,7 @@ from urllib.parse import urlencode
 import typer
 
 from hubpool_core.cli.commands import UrlOption, _fail, app, whole_number
-from hubpool_core.cli.format import counts_line, labelled, table, when
+from hubpool_core.cli.format import counts_line, csv_cell, labelled, printable, table, when
 from hubpool_core.cli.pairing_commands import _call
 from hubpool_core.telemetry.annotations import annotations
 
@@ -33,9 +33,11 @@ def cells(e: dict[str, Any]) -> list[str]:
     def num(v: Any) -> str:
         return "-" if v is None else str(v)
 
-    return [when(e.get("at")), "in" if e.get("direction") == "inbound" else "out", e.get("model") or "-",
-            e.get("node") or "-", f"{e.get('attempt', 0)}/{e.get('candidates', 0)}", num(e.get("durationMs")),
-            num(e.get("totalMs")), outcome(e)]
+    # every cell as the terminal may show it: a model name is whatever a caller sent
+    return [printable(c) for c in (
+        when(e.get("at")), "in" if e.get("direction") == "inbound" else "out", str(e.get("model") or "-"),
+        str(e.get("node") or "-"), f"{e.get('attempt', 0)}/{e.get('candidates', 0)}", num(e.get("durationMs")),
+        num(e.get("totalMs")), outcome(e))]
 
 
 #: the columns --csv writes, in order (the whole row is in --json)
@@ -48,7 +50,7 @@ def write_csv(entries: list[dict[str, Any]]) -> None:
     out = csv.writer(sys.stdout, lineterminator="\n")
     out.writerow(CSV_FIELDS)
     for e in entries:
-        out.writerow([";".join(v) if isinstance(v := e.get(k), list) else ("" if v is None else v)
+        out.writerow([csv_cell(";".join(map(str, v)) if isinstance(v := e.get(k), list) else ("" if v is None else v))
                       for k in CSV_FIELDS])
 
 
@@ -115,4 +117,4 @@ def _print_rows(entries: list[dict[str, Any]]) -> None:
     for e, line in zip(entries, lines[1:], strict=True):
         print(line)
         for note in annotations(e):
-            print(f"  ↳ {note}")
+            print(f"  ↳ {printable(note)}")

@@ -10,7 +10,17 @@ import typer
 
 from hubpool_core.cli.client import NodeError
 from hubpool_core.cli.commands import UrlOption, _client, _fail, app
-from hubpool_core.cli.format import counts_line, flag, labelled, load_lines, peers_table, plural, table, when
+from hubpool_core.cli.format import (
+    counts_line,
+    flag,
+    labelled,
+    load_lines,
+    peers_table,
+    plural,
+    printable,
+    table,
+    when,
+)
 from hubpool_core.cli.pairing_commands import YesOption, _call, _confirm
 
 P = "/api/inference/pool"
@@ -308,7 +318,8 @@ def status(url: str | None = UrlOption, as_json: bool = JsonText) -> None:
     if as_json:
         print(json.dumps(data, indent=2))
         return
-    print("\n".join(_status_lines(data)))
+    # peers name their models and engines: what they say is shown, never obeyed by the terminal
+    print("\n".join(printable(line) for line in _status_lines(data)))
 
 
 # -- kill switches ---------------------------------------------------------------------
