@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from hubpool_core.access.guards import operator_refusal
-from hubpool_core.config import Pin, SettingsError, whole_in_range
+from hubpool_core.config import Pin, SettingsError, env_int, whole_in_range
 from hubpool_core.node.directions import resolve_directions
 from hubpool_core.peering.peers import public_peer
 from hubpool_core.peering.signing import normalize_peer_fqdn
@@ -181,6 +181,9 @@ async def status(request: Request) -> Response:
             "unreachable": sum(1 for r in rows if r.status == "unreachable"),
             "disabled": sum(1 for r in rows if not r.enabled),
         },
+        # hubpool's own: each setting this node's environment holds in force over what
+        # settings.json says (the CLI warns when it writes one of them, as `hubpool enable` does)
+        "environmentOverrides": environment_overrides(node.env, settings, ceiling if set_by == "env" else None),
         "pins": status_pins(node, backends),
         "pairingPin": node.pairing_pin.status(now),
         "routing": node.routing_log.summary(),
@@ -188,6 +191,25 @@ async def status(request: Request) -> Response:
                       **node.admission.status()},
     }
     return JSONResponse(payload)
+
+
+def environment_overrides(env: Any, settings: Any, env_ceiling: int | None) -> dict[str, dict[str, Any]]:
+    """Setting -> ``{"variable", "value"}`` for every persisted setting an environment variable
+    overrides right now: writing that setting changes nothing until the variable goes."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, variable, flag in (("poolEnabled", "HUB_POOL_USER_DISABLED", env.user_disabled),
+                                ("poolOutboundEnabled", "HUB_POOL_OUTBOUND_DISABLED", env.outbound_disabled),
+                                ("poolInboundEnabled", "HUB_POOL_INBOUND_DISABLED", env.inbound_disabled)):
+        if flag == "true":  # the kill switches' one spelling (node/directions.py)
+            out[key] = {"variable": variable, "value": "true"}
+    if env_ceiling is not None:
+        out["poolMaxPromptTokens"] = {"variable": "HUB_POOL_MAX_PROMPT_TOKENS", "value": env_ceiling}
+    poll = env_int(env.dev_health_poll_seconds, minimum=1, maximum=300)
+    if poll is not None:
+        out["poolHealthPollSeconds"] = {"variable": "HUB_POOL_DEV_HEALTH_POLL_SECONDS", "value": poll}
+    if env.disabled_plugin_names:  # off by the environment whatever pluginsDisabled says
+        out["pluginsDisabled"] = {"variable": "HUB_POOL_PLUGINS_DISABLED", "value": sorted(env.disabled_plugin_names)}
+    return out
 
 
 def _engine_state(node: Any, backends: list[Any]) -> dict[str, Any]:

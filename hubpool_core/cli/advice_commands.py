@@ -9,6 +9,7 @@ import typer
 
 from hubpool_core.cli.client import NodeError
 from hubpool_core.cli.commands import JsonOption, UrlOption, _client, _fail, app, out, whole_number
+from hubpool_core.cli.format import override_lines
 from hubpool_core.config import parse_whole
 
 MARK = {"ready": "✓", "warning": "!", "needs action": "✗"}
@@ -67,15 +68,20 @@ def handout(tools: bool = typer.Option(False, "--tools", help="The client needs 
 
 
 def _state(url: str | None, value: str, what: str, path: str, key: str, label: str, absent: str) -> None:
-    """Write one number-or-clear statement and print what the node now holds."""
+    """Write one number-or-clear statement and print what the node now holds, with a warning
+    when the node's environment overrides the setting (HUB_POOL_MAX_PROMPT_TOKENS for the ceiling)."""
     number = None if value == "clear" else parse_whole(value)
     if number is None and value != "clear":
         _fail(f"{what} takes a whole number or `clear` (not {value!r})")
+    client = _client(url)
     try:
-        data = _client(url).patch(path, {key: number})
+        data = client.patch(path, {key: number})
+        status = client.get("/api/inference/pool/status")
     except NodeError as exc:
         _fail(str(exc))
-    out.print(f"{label}: {data[key] or absent}")
+    out.print(f"{label}: {data[key] or absent}", highlight=False)
+    for line in override_lines(status, [key]):
+        out.print(line, highlight=False)
 
 
 @app.command()

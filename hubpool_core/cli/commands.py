@@ -140,9 +140,15 @@ def settings_cmd(
                 except ValueError:
                     patch[key] = value
             data = client.patch("/api/inference/pool/settings", patch)
+            status = client.get("/api/inference/pool/status")
     except NodeError as exc:
         _fail(str(exc))
     print(json.dumps(data, indent=2))
+    if changes:
+        from hubpool_core.cli.format import override_lines
+
+        for line in override_lines(status, list(patch)):  # stderr: stdout stays the JSON it was
+            err.print(line, highlight=False, soft_wrap=True)
 
 
 # -- api keys (local: they live in this machine's store) ------------------------------

@@ -87,6 +87,27 @@ def labelled(label: str, text: str, indent: str = "") -> str:
     return f"{indent}{label:<14}{text}"
 
 
+def override_lines(status: dict[str, Any], keys: list[str]) -> list[str]:
+    """What to say when a setting just written is held by the node's environment instead (as
+    `hubpool enable` says of a kill switch): one sentence per key, then how to let it apply."""
+    held = status.get("environmentOverrides") or {}
+    local = status.get("localNode") or {}
+    if "poolMaxPromptTokens" not in held and local.get("maxPromptTokensSetBy") == "env":  # a node before the field
+        held = {**held, "poolMaxPromptTokens": {"variable": "HUB_POOL_MAX_PROMPT_TOKENS",
+                                                "value": local.get("maxPromptTokens")}}
+    lines = []
+    for key in keys:
+        if key in held:
+            var, value = held[key]["variable"], held[key]["value"]
+            shown = ",".join(value) if isinstance(value, list) else flag(value)
+            lines.append(f"warning: {var}={shown} in this node's environment overrides {key}: the new value is "
+                         "saved, but nothing changed in what this node does.")
+    if lines:
+        lines.append("Remove that variable from the node's environment (its service's environment file) and "
+                     "restart it; the setting then takes effect.")
+    return lines
+
+
 # -- routing-log summary ----------------------------------------------------------------
 
 def counts_line(summary: dict[str, Any]) -> str:

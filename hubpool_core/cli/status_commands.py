@@ -98,6 +98,17 @@ def _store_lines(s: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _environment_line(s: dict[str, Any]) -> list[str]:
+    held = s.get("environmentOverrides") or {}
+    if not held:
+        return []
+    parts = []
+    for key, h in held.items():
+        shown = ",".join(h["value"]) if isinstance(h["value"], list) else flag(h["value"])
+        parts.append(f"{h['variable']}={shown} over {key}")
+    return [labelled("Environment", " · ".join(parts))]
+
+
 def _status_lines(s: dict[str, Any]) -> list[str]:
     lines = [labelled("Pooling", pooling_text(s))]
     for name, (_, _, meaning) in DIRECTIONS.items():
@@ -119,6 +130,7 @@ def _status_lines(s: dict[str, Any]) -> list[str]:
                                       f"inbound={flag(st.get('poolInboundEnabled'))} · "
                                       f"localAffinity={flag(st.get('poolLocalAffinity'))} · "
                                       f"healthPoll={flag(st.get('poolHealthPollSeconds'))}s"))
+    lines += _environment_line(s)
     lines.append(labelled("Routing log", counts_line(s.get("routing") or {})))
     lines += _store_lines(s)
     lines += [""] + _this_node(s) + [""] + _pins(s) + [""] + _peers(s)
