@@ -30,6 +30,7 @@ SLOW = (
     "tests/test_bench_pool.py",  # 100 s: eight hubpool nodes, nginx and the oracle on two simulated boxes
     "tests/test_chaos.py",  # 66 s
     "tests/test_cli.py",  # 59 s
+    "tests/test_cli_api_keys.py",  # 18 s: nodes and a dozen CLI processes
     "tests/test_cli_output_safety.py",  # 12 s: three CLI processes against a node
     "tests/test_wheels_install.py",  # 140 s: builds every wheel, installs them in a fresh venv, serves
     "tests/test_cli_pool.py",  # 150 s

@@ -200,3 +200,52 @@ def launchd_plist(spec: ServiceSpec, environment: dict[str, str]) -> bytes:
     if not spec.user and spec.run_as:
         doc["UserName"] = spec.run_as
     return plistlib.dumps(doc, sort_keys=False)
+
+
+def installed_data_dirs(home: Path | None = None) -> list[tuple[Path, Path, str | None]]:
+    """(data directory, the file that says so, the account it runs as) of each hubpool service
+    installed on this machine: the system's and this user's, systemd's and launchd's.
+
+    The environment file's HUB_POOL_DATA_DIR wins when it can be read (the system's is 0600,
+    root's); otherwise the unit's ReadWritePaths= (or its StateDirectory=, the default), the
+    plist's WorkingDirectory when it can be read."""
+    found: list[tuple[Path, Path, str | None]] = []
+    for user in (False, True):
+        unit = unit_path(user, home)
+        if unit.is_file():
+            data_dir, run_as = _unit_data_dir(unit, user, home)
+            found.append((data_dir, unit, run_as))
+        plist = plist_path(user, home)
+        if plist.is_file():
+            try:
+                doc = plistlib.loads(plist.read_bytes())
+            except (OSError, ValueError, plistlib.InvalidFileException):
+                doc = {}
+            where = (doc.get("EnvironmentVariables") or {}).get("HUB_POOL_DATA_DIR") or doc.get("WorkingDirectory")
+            found.append((Path(where) if where else default_data_dir(user, home), plist,
+                          None if user else doc.get("UserName")))
+    return found
+
+
+def _unit_data_dir(unit: Path, user: bool, home: Path | None) -> tuple[Path, str | None]:
+    data_dir, run_as, env_file = default_data_dir(user, home), None, None
+    try:
+        lines = unit.read_text().splitlines()
+    except OSError:
+        return data_dir, run_as
+    for line in lines:
+        key, _, value = line.partition("=")
+        if key == "ReadWritePaths" and value:
+            data_dir = Path(shlex.split(value.replace("%%", "%"))[0])
+        elif key == "User":
+            run_as = value.strip() or None
+        elif key == "EnvironmentFile":
+            env_file = Path(value.removeprefix("-").replace("%%", "%"))
+    if env_file is not None:
+        try:
+            named = parse_environment_file(env_file.read_text()).get("HUB_POOL_DATA_DIR")
+        except OSError:  # root's 0600 file, read by another account: the unit's own lines decide
+            named = None
+        if named:
+            data_dir = Path(named)
+    return data_dir, run_as
