@@ -146,6 +146,8 @@ def peer_status(peer: dict[str, Any]) -> str:
         text = "credentials refused"
     elif kind == "own_identity":
         text = "cannot sign (own key)"
+    elif kind == "signed_required":
+        text = "unsigned: refused"  # poolRequireSignedPeers: back only by the operator's hand
     else:
         text = str(peer.get("status") or "?")
     if peer.get("enabled") is False:

@@ -291,8 +291,11 @@ def _peers(s: dict[str, Any]) -> list[str]:
         text = "every peer signs its requests — poolRequireSignedPeers " + \
                ("is on" if required else "is safe to turn on")
     elif required:
-        text = (f"still on bearer tokens: {', '.join(bearer)} — poolRequireSignedPeers is on, so those pairings "
-                "are down until they upgrade or the setting is turned off")
+        # the upgrade route answers 403 while the setting is on: these never come back by themselves
+        text = (f"still on bearer tokens: {', '.join(bearer)} — poolRequireSignedPeers is on, so "
+                f"{'that pairing is' if len(bearer) == 1 else 'those pairings are'} down and cannot upgrade while "
+                "it is: the only ways back are turning the setting off (`hubpool settings "
+                "poolRequireSignedPeers=false`; each then upgrades at its next health check) or re-pairing with a PIN")
     else:
         text = (f"still on bearer tokens: {', '.join(bearer)} — keep poolRequireSignedPeers off until "
                 f"{'it upgrades' if len(bearer) == 1 else 'they upgrade'} (turning it on now takes "
@@ -310,6 +313,15 @@ def _peers(s: dict[str, Any]) -> list[str]:
                          f"{plural(f.get('attempts') or 1, 'attempt')})")
             if f.get("action"):
                 lines.append("    " + str(f["action"]).replace("<peer>", name))
+    held = [p for p in peers if (p.get("probeFailure") or {}).get("kind") == "signed_required"]
+    if held:
+        lines += ["", "Peers held off by poolRequireSignedPeers (they do not rejoin by themselves)"]
+        for p in held:
+            f = p["probeFailure"]
+            lines.append(f"  {str(p.get('id'))[:8]} {p.get('nodeFqdn') or '?'}: since {when(f.get('since'))}, "
+                         f"{plural(f.get('attempts') or 1, 'attempt')}")
+            if f.get("action"):
+                lines.append("    " + str(f["action"]))
     unsigned = [p for p in peers if (p.get("probeFailure") or {}).get("kind") == "own_identity"]
     if unsigned:  # the fault is this node's own key: waiting never clears it, rotation does
         lines += ["", "Peers this Hub cannot reach: its own pool key cannot be used"]

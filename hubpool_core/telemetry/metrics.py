@@ -41,7 +41,7 @@ ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings",
 DIRECTIONS = frozenset({"outbound", "inbound"})
 OUTCOMES = frozenset({"served", "failed"})
 REASON_KINDS = ("http_5xx", "http_4xx", "deadline", "transport", "output_fault", "verdict", "other")
-PROBE_KINDS = ("unreachable", "unauthorized", "identity_changed", "own_identity")
+PROBE_KINDS = ("unreachable", "unauthorized", "identity_changed", "own_identity", "signed_required")
 #: peers whose health the poller follows (a pending pairing request is nobody's peer yet)
 PAIRED = ("connected", "unreachable")
 #: seconds; an LLM answer can take minutes, an embedding milliseconds
