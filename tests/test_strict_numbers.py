@@ -76,6 +76,18 @@ def test_decimals_take_a_fraction_and_nothing_else():
         assert parse_decimal(raw) is None, raw
 
 
+def test_the_placement_stages_read_their_per_request_numbers_by_the_same_rule():
+    from hubpool_stages.affinity import ttl_ms_from
+    from hubpool_stages.throughput import slower_settings
+
+    assert ttl_ms_from({"HUB_POOL_PREFIX_AFFINITY_TTL_MS": "٣٠٠٠"}) == 600_000  # main read it as 3000
+    assert ttl_ms_from({"HUB_POOL_PREFIX_AFFINITY_TTL_MS": "3000"}) == 3000
+    assert slower_settings({"HUB_POOL_SLOWER_PLACEMENT_RATIO": "٥", "HUB_POOL_SLOWER_PLACEMENT_FLOOR_MS": "1e3"}) \
+        == (3.0, 20000.0)
+    assert slower_settings({"HUB_POOL_SLOWER_PLACEMENT_RATIO": "5", "HUB_POOL_SLOWER_PLACEMENT_FLOOR_MS": "1000"}) \
+        == (5.0, 1000.0)
+
+
 # -- the environment, through running nodes ---------------------------------------------------
 
 @pytest.mark.parametrize("bad", ["--5", "²"])
