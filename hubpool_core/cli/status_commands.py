@@ -313,25 +313,26 @@ def _peers(s: dict[str, Any]) -> list[str]:
                          f"{plural(f.get('attempts') or 1, 'attempt')})")
             if f.get("action"):
                 lines.append("    " + str(f["action"]).replace("<peer>", name))
-    held = [p for p in peers if (p.get("probeFailure") or {}).get("kind") == "signed_required"]
-    if held:
-        lines += ["", "Peers held off by poolRequireSignedPeers (they do not rejoin by themselves)"]
-        for p in held:
-            f = p["probeFailure"]
-            lines.append(f"  {str(p.get('id'))[:8]} {p.get('nodeFqdn') or '?'}: since {when(f.get('since'))}, "
-                         f"{plural(f.get('attempts') or 1, 'attempt')}")
-            if f.get("action"):
-                lines.append("    " + str(f["action"]))
-    unsigned = [p for p in peers if (p.get("probeFailure") or {}).get("kind") == "own_identity"]
-    if unsigned:  # the fault is this node's own key: waiting never clears it, rotation does
-        lines += ["", "Peers this Hub cannot reach: its own pool key cannot be used"]
-        for p in unsigned:
-            f = p["probeFailure"]
-            lines.append(f"  {str(p.get('id'))[:8]} {p.get('nodeFqdn') or '?'}: since {when(f.get('since'))}, "
-                         f"{plural(f.get('attempts') or 1, 'attempt')}")
-            if f.get("action"):
-                lines.append("    " + str(f["action"]))
+    # neither clears by waiting: poolRequireSignedPeers holds a bearer-only pairing off, and
+    # this node's own unusable key fails every peer until rotation
+    lines += _failure_block(peers, "signed_required",
+                            "Peers held off by poolRequireSignedPeers (they do not rejoin by themselves)")
+    lines += _failure_block(peers, "own_identity", "Peers this Hub cannot reach: its own pool key cannot be used")
     return lines
+
+
+def _failure_block(peers: list[dict[str, Any]], kind: str, title: str) -> list[str]:
+    """The peers whose probe failed with ``kind``, under ``title``, each with its action."""
+    lines = []
+    for p in peers:
+        f = p.get("probeFailure") or {}
+        if f.get("kind") != kind:
+            continue
+        lines.append(f"  {str(p.get('id'))[:8]} {p.get('nodeFqdn') or '?'}: since {when(f.get('since'))}, "
+                     f"{plural(f.get('attempts') or 1, 'attempt')}")
+        if f.get("action"):
+            lines.append("    " + str(f["action"]))
+    return ["", title, *lines] if lines else []
 
 
 @app.command()
