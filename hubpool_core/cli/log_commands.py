@@ -33,16 +33,19 @@ def cells(e: dict[str, Any]) -> list[str]:
     def num(v: Any) -> str:
         return "-" if v is None else str(v)
 
+    model = str(e.get("model") or "-")
+    if e.get("requestedModel"):  # an alias or auto: both names, the one asked first
+        model = f"{e['requestedModel']}→{model}"
     # every cell as the terminal may show it: a model name is whatever a caller sent
     return [printable(c) for c in (
-        when(e.get("at")), "in" if e.get("direction") == "inbound" else "out", str(e.get("model") or "-"),
+        when(e.get("at")), "in" if e.get("direction") == "inbound" else "out", model,
         str(e.get("node") or "-"), f"{e.get('attempt', 0)}/{e.get('candidates', 0)}", num(e.get("durationMs")),
         num(e.get("totalMs")), outcome(e))]
 
 
 #: the columns --csv writes, in order (the whole row is in --json)
 CSV_FIELDS = ("at", "id", "direction", "path", "model", "node", "backend", "attempt", "candidates", "outcome",
-              "status", "durationMs", "totalMs", "reason", "failedOverFrom", "clientClosed")
+              "status", "durationMs", "totalMs", "reason", "failedOverFrom", "clientClosed", "requestedModel")
 HISTORY_MAX_LIMIT = 10_000
 
 
