@@ -35,6 +35,8 @@ SLOW = (
     "tests/test_bench_pool.py",  # 100 s: eight hubpool nodes, nginx and the oracle on two simulated boxes
     "tests/test_chaos.py",  # 66 s
     "tests/test_cli.py",  # 59 s
+    "tests/test_cli_api_keys.py",  # 18 s: nodes and a dozen CLI processes
+    "tests/test_cli_output_safety.py",  # 12 s: three CLI processes against a node
     "tests/test_wheels_install.py",  # 140 s: builds every wheel, installs them in a fresh venv, serves
     "tests/test_cli_pool.py",  # 150 s
     "tests/test_containers_chain.py",  # 16 s: two nodes, a fake Docker socket and three CLI runs
@@ -62,6 +64,7 @@ SLOW = (
     "tests/test_serve.py",  # 14 s
     "tests/test_serve_path.py",  # 12 s
     "tests/test_split_stages.py",  # 18 s
+    "tests/test_strict_numbers.py",  # 38 s: nodes started with bad numbers, `hubpool serve` processes
     "tests/test_throughput_e2e.py",  # 19 s
     "tests/test_tracing.py",  # 15 s
     "tests/test_ttft_ranking.py",  # 20 s: two nodes, engines held busy
