@@ -9,6 +9,14 @@ file whose tests take 5 s or more together. The full suite
 from __future__ import annotations
 
 import pytest
+from hypothesis import settings
+
+# Hypothesis's per-example deadline (200 ms) is a timing assertion: on a 2-core machine running
+# nodes in other threads an example can take longer and fail although its property holds
+# (test_signing's round trip did). Properties here are about values, never speed, so the
+# deadline is off everywhere; a test that wants one sets it itself.
+settings.register_profile("hubpool", deadline=None)
+settings.load_profile("hubpool")
 
 #: paths (relative to the repository root) whose tests are slow
 SLOW = (
