@@ -12,7 +12,10 @@ memory. It applies to every prompt size.
 Where a candidate has no evidence (no measured speed, or in flight with no known slot count)
 it keeps its queue-depth place: the candidates with a prediction are ordered among the
 places they hold, and the others do not move, so an unmeasured node is explored as today.
-``poolTtftRanking`` 0 turns the stage off: the ranking is then the spec's exactly.
+``poolTtftRanking`` 0 turns the stage off: the ranking is then the spec's exactly. So does
+the spec's own switch for measured speed, ``HUB_POOL_THROUGHPUT_PLACEMENT=off`` (issue 26
+item 17): a prediction is measured speed reordering candidates. Off, the stage is not called
+and hashes nothing; on, it reads the session's key only when there are candidates to order.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from hubpool_core.placement.speed import (
     merged,
 )
 from hubpool_stages.affinity import AffinityTable, session_key, ttl_ms_from
+from hubpool_stages.throughput import throughput_on
 
 #: ctx.scratch keys written here: id(candidate) -> predicted ms (None: no evidence), and the section
 SCRATCH_PREDICTED = "ttft_predicted"
@@ -38,7 +42,9 @@ SCRATCH_KEY = "ttft_session"
 
 
 def ranking_on(context: Any) -> bool:
-    return int(getattr(context.settings, "poolTtftRanking", 0) or 0) > 0
+    """``poolTtftRanking`` 1 and measured speed allowed to reorder (``HUB_POOL_THROUGHPUT_PLACEMENT``
+    not off: the spec's switch covers every reordering by measured speed, this one included)."""
+    return int(getattr(context.settings, "poolTtftRanking", 0) or 0) > 0 and throughput_on()
 
 
 class PredictedTtftStage(Stage):
@@ -60,7 +66,8 @@ class PredictedTtftStage(Stage):
         self.holders = AffinityTable(ttl_ms_from(os.environ))
 
     def enabled(self, context: Any) -> bool:
-        """On while ``poolTtftRanking`` is 1, on the routes that take a slot (not ``show``)."""
+        """On while ``poolTtftRanking`` is 1 and ``HUB_POOL_THROUGHPUT_PLACEMENT`` is not off, on
+        the routes that take a slot (not ``show``)."""
         return ranking_on(context) and context.route_class != "show"
 
     # -- the evidence ------------------------------------------------------------------
@@ -118,7 +125,8 @@ class PredictedTtftStage(Stage):
     def apply(self, ranking: Sequence[Any], context: Any) -> tuple[list[Any], dict[str, Any] | None]:
         out = list(ranking)
         holder = None
-        found = session_key(context) if context.judged else None
+        # one candidate has nothing to be ordered against: no prompt head is hashed for it
+        found = session_key(context) if context.judged and len(out) > 1 else None
         if found is not None:
             context.scratch[SCRATCH_KEY] = found[1]
             holder = self.holders.get(found[1])
