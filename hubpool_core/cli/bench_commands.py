@@ -287,8 +287,8 @@ def capacity(model: str = typer.Option(..., "--model", "-m", help="The model to 
 
 
 @bench_app.command("pool")
-def pool(trace: list[str] = typer.Option(["chat", "agents", "burst", "cold"], "--trace", "-t",
-                                         help="A built-in trace (chat, agents, burst, cold) or a trace file "
+def pool(trace: list[str] = typer.Option(["chat", "agents", "fleet", "burst", "cold"], "--trace", "-t",
+                                         help="A built-in trace (chat, agents, fleet, burst, cold) or a trace file "
                                               "(hubpool-trace/1 JSON Lines; docs/performance.md); repeatable."),
          dispatcher: list[str] = typer.Option([], "--dispatcher", "-d",
                                               help="Only these dispatchers (repeatable; default: every one)."),
@@ -307,7 +307,8 @@ def pool(trace: list[str] = typer.Option(["chat", "agents", "burst", "cold"], "-
                                                 help="Write the first round's built-in traces as files into this "
                                                      "directory, and stop."),
          as_json: bool = JsonOption) -> None:
-    """Unequal simulated boxes; hubpool, nginx, LiteLLM and an oracle on the same seeded traces."""
+    """Simulated boxes; hubpool, nginx, LiteLLM, SGLang's and vLLM's routers and an oracle on the same
+    seeded traces."""
     from pathlib import Path
 
     from rich.markup import escape
