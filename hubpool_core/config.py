@@ -209,6 +209,15 @@ class PoolSettings(BaseModel):
     #: time to first token (queue wait, prefill of what the engine does not hold, model load);
     #: 0 is the spec's queue-depth ranking exactly. See docs/placement.md.
     poolTtftRanking: int = Field(default=1, ge=0, le=1)
+    #: hubpool's own, with poolTtftRanking (issue 27; docs/placement.md): 1 prices every
+    #: candidate's cached prefix from a block-hash index of the prompts this node sent each
+    #: engine (a fleet's shared system prompt included); 0 counts only the engine that last
+    #: took the session, as before
+    poolPrefixIndex: int = Field(default=1, ge=0, le=1)
+    #: hubpool's own, with poolTtftRanking: 1 sends a request whose best predictions tie to the
+    #: engine holding the fewest sessions (a local head start no longer piles sessions on the
+    #: entry node); 0 leaves ties in queue-depth order, as before
+    poolSessionSpread: int = Field(default=1, ge=0, le=1)
     #: hubpool's own: the pool-wide admission queue's size; 0 (the default) is off, and a
     #: request is sent at once whatever its candidates' load, as the spec places. See
     #: docs/placement.md.
