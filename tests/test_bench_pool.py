@@ -172,14 +172,16 @@ def test_the_routers_are_dispatchers_when_installed_and_say_how_to_install_when_
     """SGLang's and vLLM's routers (optional: `uv sync --group routers`) in front of the same
     simulated engines; where a wheel is missing the report says how to install it. Bounded:
     one tiny trace, one round."""
-    from hubpool_core.bench.pool_routers import INSTALL, ROUTERS, missing
+    from hubpool_core.bench.pool_routers import INSTALL, SGLANG_CACHE_AWARE, routers
 
-    names = tuple(ROUTERS)
+    known = routers()
+    assert set(SGLANG_CACHE_AWARE) <= set(known) and len(known) == 4
+    names = tuple(known)
     report = run_bench(traces=("agents",), dispatchers=(*names, "oracle"), rounds=1, scale=0.05, size=0.1,
                        seed=4, overhead_n=0, warmup=False, nodes=TWO, workdir=tmp_path)
     expected = len(traces.built_in("agents", 4, TWO, 0.1).requests)
     for name in names:
-        if missing(name):
+        if known[name]["missing"]:
             assert INSTALL in report.notes[name] and name not in report.summary.get("agents", {})
             continue
         s = report.summary["agents"][name]

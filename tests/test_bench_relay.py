@@ -216,7 +216,7 @@ def test_the_bench_imports_no_simulator():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             assert not any(n.startswith("hubpool_sim") for n in names), path
-        if path.name not in ("pool.py", "mesh.py"):
+        if path.name not in ("pool.py", "mesh.py", "pool_routers.py"):  # these run it as processes
             assert "hubpool_sim" not in path.read_text(), path
 
 

@@ -55,11 +55,22 @@ def three(tmp_path):
     """hub-a, hub-b, hub-c: one 2-slot llama-server-shaped engine each, 2,000 prompt tokens a
     second, paired with one another; each has served one request of its own, so every node's
     speed is measured and advertised."""
+    yield from started_three(tmp_path, {"HUB_POOL_DEV_HEALTH_POLL_SECONDS": "1"})
+
+
+@pytest.fixture
+def three_slow_poll(tmp_path):
+    """The same, the health poll five minutes apart (it runs only when the test asks) and the busy
+    load poll every 100 ms."""
+    yield from started_three(tmp_path, {"HUB_POOL_DEV_HEALTH_POLL_SECONDS": "300", "HUB_POOL_DEV_LOAD_POLL_MS": "100"})
+
+
+def started_three(tmp_path, environ):
     with ExitStack() as stack:
         sims = {n: stack.enter_context(run_in_thread(SimConfig(
             flavor="llamacpp", slots=2, prefill_tps=2000, decode_ms_per_token=20, timings=True, prompt_cache=True,
             time_scale=0.1, name=n, models=[SimModel(MODEL, window=131072)]))) for n in NAMES}
-        nodes = make_pool(tmp_path, NAMES, environ={"HUB_POOL_DEV_HEALTH_POLL_SECONDS": "1"},
+        nodes = make_pool(tmp_path, NAMES, environ=environ,
                           per_node={n: {"LLAMACPP_URL": sims[n].url} for n in NAMES})
         for n in nodes.values():
             stack.enter_context(n)
@@ -123,3 +134,32 @@ def test_new_sessions_spread_over_equal_boxes_instead_of_piling_on_the_entry_nod
     section = row(a, r)["ttft"]
     best = min(section["predictions"], key=lambda p: p["predictedMs"])
     assert section.get("spread") is None and r.headers["x-hub-pool-served-by"] == best["node"]
+
+
+def test_a_busy_node_learns_its_peers_load_sub_second_not_at_the_next_poll(three_slow_poll):
+    """hub-b's own app fills both its slots after hub-a's last health poll; hub-a, busy, asks its
+    peers' in-flight counts every 100 ms (poolLoadPollMs) and places around hub-b."""
+    import threading
+
+    from harness import wait_until
+
+    nodes, sims = three_slow_poll
+    a, b = nodes["hub-a"], nodes["hub-b"]
+    b_id = a.node.peers.by_fqdn(fqdn("hub-b")).id
+    assert a.node.load.peer_load(b_id, 0) == 0  # hub-b idle at the last poll
+    op(b, "POST", "/pins", {"scope": "default", "targetKind": "local"})  # hub-b's app's work stays there
+    held = [threading.Thread(target=chat, args=(b, [{"role": "user", "content": text(f"long {i}", 100)}]),
+                             kwargs={"max_tokens": 400}) for i in range(2)]
+    for t in held:
+        t.start()
+    try:
+        assert wait_until(lambda: sims["hub-b"].stats()["in_flight"] == 2, timeout=20)
+        chat(a, [{"role": "user", "content": text("a's own", 100)}])  # hub-a places work: busy
+        assert wait_until(lambda: a.node.load.peer_load(b_id, 0) == 2, timeout=10)
+        r = chat(a, [{"role": "system", "content": text("new session", 1500)}, {"role": "user", "content": "go"}])
+        predictions = {p["node"]: p for p in row(a, r)["ttft"]["predictions"]}
+        assert predictions[fqdn("hub-b")]["inFlight"] == 2 and predictions[fqdn("hub-b")]["waitMs"] > 0
+        assert served(r) != "hub-b"
+    finally:
+        for t in held:
+            t.join()

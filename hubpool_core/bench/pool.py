@@ -35,8 +35,7 @@ from typing import Any
 
 import httpx
 
-from hubpool_core.bench import procs
-from hubpool_core.bench.pool_routers import ROUTERS
+from hubpool_core.bench import pool_routers, procs
 from hubpool_core.bench.pool_traces import (
     BUILT_IN,
     POOLS,
@@ -53,6 +52,7 @@ COLD_MODEL = "bench-cold"
 MODELS = {"chat": CHAT_MODEL, "cold": COLD_MODEL}
 #: the spec's poll cadence (30 s) and affinity TTL (10 min), scaled with the clock
 POLL_S = 30
+LOAD_POLL_MS = 500
 AFFINITY_TTL_MS = 600_000
 
 #: hubpool nodes started at once (each start is seconds of CPU; 2 cores)
@@ -66,7 +66,13 @@ QUEUED = {**DOCUMENTED, "poolAdmissionQueue": 64}
 HUBPOOL_VARIANTS = ("hubpool-default", "hubpool-documented", "hubpool-spec", "hubpool-base", "hubpool-queue")
 NGINX_POLICIES = {"nginx-rr": "", "nginx-least-conn": "least_conn;", "nginx-weighted": "least_conn;"}
 LITELLM_STRATEGIES = {"litellm-least-busy": "least-busy", "litellm-latency": "latency-based-routing"}
-ALL_DISPATCHERS = (*HUBPOOL_VARIANTS, *NGINX_POLICIES, *LITELLM_STRATEGIES, *ROUTERS, "oracle")
+#: every dispatcher but the routers (SGLang's and vLLM's: :func:`pool_routers.router_names`)
+ALL_DISPATCHERS = (*HUBPOOL_VARIANTS, *NGINX_POLICIES, *LITELLM_STRATEGIES, "oracle")
+
+
+def every_dispatcher() -> tuple[str, ...]:
+    """Every dispatcher the bench knows, the routers included (asked of the simulator)."""
+    return (*ALL_DISPATCHERS[:-1], *pool_routers.router_names(), "oracle")
 
 
 @dataclass
@@ -257,8 +263,9 @@ class Pool:
             else:
                 for name in lite:
                     self._start_litellm(name)
-        for name in (n for n in wanted if n in ROUTERS):
-            self._start_router(name)
+        known = pool_routers.routers()
+        for name in (n for n in wanted if n in known):
+            self._start_router(name, known[name])
         if "oracle" in wanted:
             port = procs.free_port()
             argv = [sys.executable, "-m", "hubpool_core.bench.pool_oracle", "--port", str(port)]
@@ -278,6 +285,8 @@ class Pool:
         prefix = {"hubpool-default": "d", "hubpool-documented": "doc", "hubpool-spec": "s", "hubpool-base": "b",
                   "hubpool-queue": "q"}
         env = {"HUB_POOL_DEV_HEALTH_POLL_SECONDS": str(max(1, round(POLL_S * self.scale))),
+               # the busy load poll (poolLoadPollMs' 500 ms) on the same compressed clock
+               "HUB_POOL_DEV_LOAD_POLL_MS": str(max(50, round(LOAD_POLL_MS * self.scale))),
                "HUB_POOL_PREFIX_AFFINITY_TTL_MS": str(max(1000, int(AFFINITY_TTL_MS * self.scale)))}
         specs: dict[str, dict[str, str]] = {}
         settings: dict[str, dict[str, Any]] = {}
@@ -351,25 +360,22 @@ class Pool:
         procs.wait_http(url + "/v1/models", proc, 120, name, "\n" + self.started.log_tail(name))
         self.dispatchers[name] = Dispatcher(name, {"chat": [url], "cold": [url]}, [proc.pid])
 
-    def _start_router(self, name: str) -> None:
-        """SGLang's or vLLM's router (:mod:`pool_routers`), one process per model, when installed."""
-        from hubpool_core.bench.pool_routers import missing
-
-        why = missing(name)
-        if why is not None:
-            self.notes[name] = why
+    def _start_router(self, name: str, spec: dict[str, Any]) -> None:
+        """SGLang's or vLLM's router, one process per model, when installed (:mod:`pool_routers`)."""
+        if spec.get("missing"):
+            self.notes[name] = str(spec["missing"])
             return
         self.progress(f"starting {name}")
         urls: dict[str, list[str]] = {}
         pids = []
         for model, workers in self.sims.items():
-            if ROUTERS[name].needs_health and model == "cold":
+            if spec.get("needsHealth") and model == "cold":
                 self.notes[name] = ("serves the chat model only: it registers a worker once it answers GET "
-                                    "/health, and the cold trace's Ollama-shaped engines answer none")
+                                    "/health, and the cold trace's engines answer none")
                 continue
             port = procs.free_port()
             label = f"{name}-{model}"
-            proc = self.started.start(label, ROUTERS[name].argv(port, procs.free_port(), workers),
+            proc = self.started.start(label, pool_routers.argv(name, port, procs.free_port(), workers),
                                       env=procs.child_env({"RUST_LOG": "warn"}))
             urls[model] = [f"http://127.0.0.1:{port}"]
             procs.wait_http(urls[model][0] + "/v1/models", proc, 60, name, "\n" + self.started.log_tail(label))
@@ -499,8 +505,8 @@ def judge(summary: dict[str, dict[str, dict[str, Any]]], pool_name: str, overhea
         ran = [n for n in names if (by.get(n) or {}).get("ttftP95")]
         return min(ran, key=lambda n: by[n]["ttftP95"]) if ran else None
 
-    others = [n for n in ALL_DISPATCHERS if not n.startswith("hubpool") and n != "oracle"]
-    sglang_ca = ["sglang-cache-aware", "sglang-cache-aware-home"]
+    others = [n for n in {d for by in summary.values() for d in by} if not n.startswith("hubpool") and n != "oracle"]
+    sglang_ca = list(pool_routers.SGLANG_CACHE_AWARE)
     if pool_name == "unequal":
         for trace in ("agents", "chat"):
             best = best_of(trace, others)
@@ -511,7 +517,7 @@ def judge(summary: dict[str, dict[str, dict[str, Any]]], pool_name: str, overhea
             best = best_of(trace, sglang_ca)
             check(f"equal-{trace}", f"equal boxes: untouched hubpool p95 TTFT ≤ 1.0× the better of SGLang's two "
                                     f"cache-aware configurations on {trace}", trace, "hubpool-default",
-                  best or "sglang-cache-aware", 1.0)
+                  best or sglang_ca[0], 1.0)
         check("equal-chat", "equal boxes: untouched hubpool p95 TTFT ≤ 1.0× nginx least_conn on chat", "chat",
               "hubpool-default", "nginx-least-conn", 1.0)
     for trace in summary:

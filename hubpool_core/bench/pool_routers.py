@@ -1,80 +1,37 @@
-"""``hubpool bench pool``'s strongest peers: SGLang's model gateway (``sglang-router``, policies
-``cache_aware`` with its defaults, ``cache_aware`` with its balance threshold sized for a home
-pool, and ``power_of_two``) and the vLLM router (``vllm-router``, ``cache_aware``), each in
-front of the simulated engines, one router process per model (both route by prompt prefix per
-worker set, and the cold trace's model runs on other engines).
-
-Both are PyPI wheels with a Rust core, and neither is a dependency: they run when installed
-(``uv sync --group routers``, or ``uv run --group routers hubpool bench pool``), and the
-report says how to install them when they are not. Each is started with its health checks
-off where it has the switch (``--disable-health-check``; the vLLM router has none), a free
-``--prometheus-port`` and warnings only. Both register a worker only once it answers
-``GET /health``, which the cold trace's Ollama-shaped engines do not: the routers serve the
-chat model's traces (chat, agents, fleet, burst), and the report says so.
+"""``hubpool bench pool``'s router dispatchers: SGLang's model gateway and the vLLM router, Rust
+routers shipped as wheels (the ``routers`` dependency group). What they are and how each is
+started lives beside the simulator (``hubpool_sim.routers``), which the bench runs as processes:
+``python -m hubpool_sim.routers list`` says which can run here, ``... run NAME`` becomes one.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import shutil
+import functools
+import json
+import subprocess
 import sys
-from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
-#: a home pool's boxes run two to four requests at once: SGLang's default absolute threshold
-#: (64 requests of imbalance before it stops following the cache) never fires there, so the
-#: tuned variant balances once one box is two requests busier than another
-HOME_BALANCE_ABS = 2
-
+#: SGLang's two cache-aware configurations, the ones the equal-boxes goals are judged against
+SGLANG_CACHE_AWARE = ("sglang-cache-aware", "sglang-cache-aware-home")
 INSTALL = "uv sync --group routers (or: uv run --group routers hubpool bench pool)"
 
 
-@dataclass(frozen=True)
-class RouterSpec:
-    """One router dispatcher: which wheel runs it and how."""
-
-    name: str
-    module: str  # the importable package that says the wheel is installed
-    script: str  # its console script
-    policy: str
-    extra: tuple[str, ...] = ()
-    #: registers a worker only once it answers GET /health (both routers' start-up checks, whatever
-    #: their health-check switches say): the Ollama-shaped engines of the cold trace answer none
-    needs_health: bool = False
-
-    def argv(self, port: int, prometheus_port: int, workers: list[str]) -> list[str]:
-        binary = _script(self.script)
-        head = [binary, "launch"] if self.script == "sglang-router" else [binary]
-        # vLLM's router has no switch to turn its periodic checks off
-        health = ["--disable-health-check"] if self.script == "sglang-router" else []
-        return [*head, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers,
-                "--policy", self.policy, *self.extra, *health, "--prometheus-host", "127.0.0.1",
-                "--prometheus-port", str(prometheus_port), "--log-level",
-                "warn" if self.script == "sglang-router" else "warning"]
+@functools.cache
+def routers() -> dict[str, dict[str, Any]]:
+    """name -> {missing: why it cannot run here or None, needsHealth}; empty without the simulator."""
+    try:
+        out = subprocess.run([sys.executable, "-m", "hubpool_sim.routers", "list"], capture_output=True, text=True,
+                             timeout=60, check=True).stdout
+        return {r["name"]: r for r in json.loads(out)}
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError, TypeError):
+        return {}
 
 
-ROUTERS = {
-    "sglang-cache-aware": RouterSpec("sglang-cache-aware", "sglang_router", "sglang-router", "cache_aware",
-                                     needs_health=True),
-    "sglang-cache-aware-home": RouterSpec("sglang-cache-aware-home", "sglang_router", "sglang-router", "cache_aware",
-                                          ("--balance-abs-threshold", str(HOME_BALANCE_ABS)), needs_health=True),
-    "sglang-p2": RouterSpec("sglang-p2", "sglang_router", "sglang-router", "power_of_two", needs_health=True),
-    "vllm-cache-aware": RouterSpec("vllm-cache-aware", "vllm_router", "vllm-router", "cache_aware",
-                                   needs_health=True),
-}
+def router_names() -> tuple[str, ...]:
+    return tuple(routers())
 
 
-def _script(name: str) -> str:
-    """The wheel's console script: beside this interpreter (a venv's bin), else on PATH."""
-    here = Path(sys.executable).parent / name
-    return str(here) if here.exists() else (shutil.which(name) or name)
-
-
-def missing(name: str) -> str | None:
-    """Why the router dispatcher ``name`` cannot run here (with how to install it), or None."""
-    spec = ROUTERS[name]
-    if importlib.util.find_spec(spec.module) is None:
-        return f"{spec.script} is not installed ({INSTALL}): skipped"
-    if not (Path(sys.executable).parent / spec.script).exists() and shutil.which(spec.script) is None:
-        return f"{spec.script}'s command is not on PATH though its package imports ({INSTALL}): skipped"
-    return None
+def argv(name: str, port: int, prometheus_port: int, workers: list[str]) -> list[str]:
+    return [sys.executable, "-m", "hubpool_sim.routers", "run", name, "--port", str(port), "--prometheus-port",
+            str(prometheus_port), *(x for w in workers for x in ("--worker", w))]

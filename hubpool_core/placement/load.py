@@ -29,10 +29,13 @@ class Load:
         self.on_release: Callable[[], None] | None = None
         #: generations in flight on each local engine: engine kind -> {(model, num_ctx): count}
         self.local_work: dict[str, dict[tuple[str, int | None], int]] = {}
+        #: when this node last handed a request to an engine (monotonic): "busy" lasts a while
+        self.last_acquired = 0.0
 
     def acquire(self, peer_id: str | None, work: tuple[str, str, int | None] | None = None) -> None:
         """Count a request handed to an engine. ``work`` is (engine kind, model, num_ctx)
         for a local engine, so contention can tell what that engine is generating."""
+        self.last_acquired = time.monotonic()
         if peer_id is None:
             self.local += 1
             if work is not None:
@@ -56,6 +59,10 @@ class Load:
         if self.on_release is not None:
             self.on_release()
 
+    def busy(self, within_s: float) -> bool:
+        """Work in flight here or at a peer, or a request placed in the last ``within_s``."""
+        return self.local > 0 or any(self.forwarded.values()) or time.monotonic() - self.last_acquired < within_s
+
     def engine_external(self, kind: str, reported: int | None) -> int:
         """What a local engine reported running or waiting beyond this node's own requests
         on it: work that reached it directly. 0 when it reported nothing (the setting off,
@@ -71,8 +78,9 @@ class Load:
         self._report_at[peer_id] = time.monotonic()
 
     def note_fresh(self, peer_id: str, in_flight: int) -> None:
-        """A forwarded answer's ``X-Hub-Pool-In-Flight``: the peer's own count as it sent its
-        headers (this request included), beside what this node had forwarded it then."""
+        """A forwarded answer's ``X-Hub-Pool-In-Flight``, or the busy load poll's answer: the
+        peer's own count as it answered (a forward's own request included), beside what this
+        node had forwarded it then."""
         self._fresh[peer_id] = (in_flight, self.forwarded.get(peer_id, 0), time.monotonic())
 
     def peer_load(self, peer_id: str, reported: int | None) -> int:

@@ -83,6 +83,10 @@ SETTING_WORDS: dict[str, tuple[str, str]] = {
         "Spread conversations across equal nodes",
         "1: when several nodes would start answering at about the same time, the one holding the fewest "
         "conversations takes a new one. 0 leaves such ties to queue depth."),
+    "poolLoadPollMs": (
+        "Learn busy peers' load this often (ms)",
+        "While this node is busy, it asks each peer how many requests it has in flight this often, "
+        "instead of waiting for the next health poll. 0 turns it off."),
     "poolAdmissionQueue": (
         "Requests that may wait for a free node",
         "When every node is busy, up to this many requests wait here for the first free one instead of "
