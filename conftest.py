@@ -18,6 +18,7 @@ SLOW = (
     "plugins/vllm/tests/test_vllm_queue_depth_node.py",  # 6 s
     "sim/tests/test_demo.py",  # 53 s
     "tests/security/test_api_fuzz.py",  # 15 s
+    "tests/security/test_agent_bodies_never_500.py",  # 9 s: 60 generated agent bodies through a node
     "tests/security/test_pin_and_recreated_peer.py",  # 11 s
     "tests/security/test_signing_attacks.py",  # 13 s
     "tests/security/test_upgrade_state_machine.py",  # 17 s
@@ -34,6 +35,11 @@ SLOW = (
     "tests/test_cli_pool.py",  # 150 s
     "tests/test_containers_chain.py",  # 16 s: two nodes, a fake Docker socket and three CLI runs
     "tests/test_clients_agents.py",  # 30 s
+    "tests/test_stream_watch.py",  # 36 s: two nodes, streams left to stall
+    "tests/test_stream_resume.py",  # 17 s: two nodes, streams stalled and resumed
+    "tests/test_loop_rule.py",  # 8 s: the loop rule over the Python standard library
+    "tests/test_stream_commit.py",  # 75 s: two nodes, each wedged engine waited out to its header budget
+    "sim/tests/test_stream_faults.py",  # 10 s
     "tests/test_clients_ollama.py",  # 7 s
     "tests/test_history.py",  # 18 s: nodes with history on, restarted, and the CLI
     "tests/test_history_crash.py",  # 27 s: a node process SIGKILLed under load and started again

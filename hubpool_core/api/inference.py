@@ -22,7 +22,7 @@ from hubpool_core.api.admission import (
     retry_after_s,
     saturated,
 )
-from hubpool_core.api.dialects import AGENT_ROUTES, SPELLINGS, body_problem, error_response, passed_headers, reshaped
+from hubpool_core.api.dialects import AGENT_ROUTES, SPELLINGS, error_response, passed_headers, reshaped
 from hubpool_core.engine import AGENT_DIALECTS, NATIVE, OPENAI, RESPONSES
 from hubpool_core.models_ids import fold_model_id, same_model
 from hubpool_core.placement import (
@@ -57,6 +57,8 @@ ROUTED = {
     **AGENT_ROUTES,
 }
 MODEL_REQUIRED = {"error": 'Request body must include a "model" field'}
+#: owned_by of a model alias in /v1/models
+ALIAS_OWNER = "hub-pool-alias"
 PEER_SHOW_TIMEOUT_S = 15
 
 
@@ -104,12 +106,20 @@ async def read_json_object(request: Request, limit: int) -> tuple[bytes, dict[st
     return raw, body
 
 
+#: how lenient engines read a ``stream`` that is not a JSON boolean (``1``, ``"true"``)
+_TRUE, _FALSE = (True, 1, "true", "True", "1"), (False, 0, "false", "False", "0")
+
+
 def _wants_stream(dialect: str, route_class: str, body: dict[str, Any]) -> bool:
+    """Whether the engine will stream its answer, read as a lenient engine reads ``stream``:
+    a value no engine reads either way is left to the engine, which refuses it or not
+    (the door judges only what no engine could serve)."""
     if route_class in ("embeddings", "count", "rerank"):
         return False
+    stream = body.get("stream")
     if dialect == NATIVE:  # native routes stream unless the body says stream: false
-        return body.get("stream") is not False
-    return body.get("stream") is True
+        return not (isinstance(stream, (bool, int, str)) and stream in _FALSE)
+    return isinstance(stream, (bool, int, str)) and stream in _TRUE
 
 
 def _error(status: int, message: str, request_id: str | None = None) -> JSONResponse:
@@ -133,9 +143,6 @@ async def routed(request: Request) -> Response:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         return error_response(dialect, 400, MODEL_REQUIRED["error"])
-    problem = body_problem(dialect, body)
-    if problem is not None:
-        return error_response(dialect, 400, problem)
     found = session_of(node.settings.current.poolSessionSources, request.headers, body)
     asked = PlacementRequest(route, dialect, route_class, model, body, raw, _wants_stream(dialect, route_class, body),
                              found[0] if found else None, found[1] if found else None)
@@ -149,7 +156,8 @@ async def routed(request: Request) -> Response:
     ordered, ctx = plan.candidates, plan.context
     row = node.routing_log.open(
         direction="outbound", path=route, model=plan.model, candidates=len(ordered),
-        stream=asked.stream, bodyBytes=len(plan.raw), budgetMs=plan.budget_ms, **plan.sections,
+        stream=asked.stream, bodyBytes=len(plan.raw), budgetMs=plan.budget_ms, requestedModel=plan.requested,
+        **plan.sections,
     )
     span = None if tracer is None else tracer.start_route(route, row, plan.model, len(ordered), began)
     if plan.diagnosis is not None:
@@ -290,7 +298,11 @@ def _peer_models(peers: list[Any]) -> list[str]:
     return out
 
 
-def openai_models_payload(backends: list[LocalBackend], peers: list[Any]) -> dict[str, Any]:
+def openai_models_payload(backends: list[LocalBackend], peers: list[Any],
+                          aliases: dict[str, str] | None = None) -> dict[str, Any]:
+    """/v1/models: every model a local engine or a usable peer lists, then each model alias
+    (``owned_by: hub-pool-alias``), so a client that picks its model from this list (Claude
+    Code's gateway discovery keeps ids containing "claude") can pick an alias too."""
     data, seen = [], set()
     for b in backends:
         for m in b.snapshot.result.models:
@@ -304,6 +316,11 @@ def openai_models_payload(backends: list[LocalBackend], peers: list[Any]) -> dic
         if key not in seen:  # a peer publishes names only: nothing else is invented
             seen.add(key)
             data.append({"id": model, "object": "model", "created": 0, "owned_by": "hub-pool"})
+    for alias in aliases or {}:
+        key = fold_model_id(alias)
+        if key not in seen:
+            seen.add(key)
+            data.append({"id": alias, "object": "model", "created": 0, "owned_by": ALIAS_OWNER})
     return {"object": "list", "data": data}
 
 
@@ -339,13 +356,15 @@ async def _listing(request: Request, payload_of: Any, key: str) -> Response:
         return refused
     backends, peers = await _listing_sources(request)
     payload = payload_of(backends, peers)
-    if not backends and not payload[key]:
+    # an alias is not a model: a pool with nothing listed still says so (spec: the listings)
+    if not backends and not [m for m in payload[key] if m.get("owned_by") != ALIAS_OWNER]:
         return _error(502, "No local engine answered, and no connected peer lists a model")
     return JSONResponse(payload)
 
 
 async def list_openai_models(request: Request) -> Response:
-    return await _listing(request, openai_models_payload, "data")
+    aliases = request.app.state.node.settings.current.poolModelAliases
+    return await _listing(request, lambda b, p: openai_models_payload(b, p, aliases), "data")
 
 
 async def list_native_tags(request: Request) -> Response:
