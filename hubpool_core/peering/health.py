@@ -68,6 +68,15 @@ ACTIONS = {
     "identity_changed": "The peer no longer holds the identity this node pinned: run `hubpool unpair <peer>` here, "
                         "`hubpool pairing-pin` there, `hubpool pair <peer> --pin <digits>` here, then approve "
                         "there after comparing fingerprints.",
+    # a bearer-only pairing under poolRequireSignedPeers: neither side admits the other, and the
+    # upgrade to signed requests is itself refused while the setting is on, so waiting never helps
+    "signed_required": "poolRequireSignedPeers is on here and <peer> is paired with bearer tokens only (it has never "
+                       "signed), so this node neither calls it nor admits it, and it cannot upgrade while the setting "
+                       "is on: it does not come back by itself. Either turn the setting off (`hubpool settings "
+                       "poolRequireSignedPeers=false`): <peer> then upgrades to signed requests at its next health "
+                       "check, after which the setting can go back on. Or re-pair it with a PIN: `hubpool unpair "
+                       "<peer>` here, `hubpool pairing-pin` there, `hubpool pair <peer> --pin <digits>` here, then "
+                       "approve there.",
 }
 
 
@@ -81,7 +90,7 @@ def action_for(kind: str, peer: str, this_node: str | None) -> str | None:
 
 @dataclass
 class ProbeFailure:
-    kind: str  # unreachable | unauthorized | identity_changed | own_identity
+    kind: str  # unreachable | unauthorized | identity_changed | own_identity | signed_required
     http_status: int | None
     detail: str
     since: float
@@ -155,6 +164,8 @@ class HealthPoller:
         self._load_loop = Periodic("load poll", self.load_tick, lambda: self.load_poll_s or 1.0)
         #: each peer's probe in flight: a tick starts one per peer and never waits for it
         self._probes: dict[str, asyncio.Task] = {}
+        #: peer id -> the last name it signed as that was refused (warned once, then debug)
+        self._refused_renames: dict[str, str] = {}
 
     @property
     def probe_timeout_s(self) -> float:
@@ -224,6 +235,7 @@ class HealthPoller:
 
     async def tick(self) -> None:
         """The loop's step: housekeeping, then one probe per peer started, none awaited."""
+        await self.vet_renames()
         try:
             await asyncio.to_thread(self.node.housekeeping)
         except Exception as exc:  # noqa: BLE001 - a full disk must not stop the probes
@@ -240,6 +252,24 @@ class HealthPoller:
             task = asyncio.ensure_future(self.probe(row))
             self._probes[row.id] = task
             task.add_done_callback(functools.partial(self._probe_done, row.id, row.node_fqdn))
+
+    async def vet_renames(self) -> None:
+        """Check every name a peer signed as since the last tick before housekeeping renames
+        the row: under this tailnet's MagicDNS suffix and, with an Admin API credential, one of
+        its devices (issue 26). A signature says who sent the name, not that it is safe to dial:
+        a paired peer claiming ``evil.example.com`` used to be renamed to it, and this node then
+        sent it every forward and control call. A refused name is said once per peer and name."""
+        for peer_id, name in self.node.identity.take_unvetted_peer_fqdns().items():
+            refused = await self.node.tailnet.name_refusal(name, unknown_suffix_ok=False)
+            if refused is None:
+                self.node.identity.vet_observed_peer_fqdn(peer_id, name)
+                self._refused_renames.pop(peer_id, None)
+                continue
+            level = logging.WARNING if self._refused_renames.get(peer_id) != name else logging.DEBUG
+            was = next((r.node_fqdn for r in self.node.peers.all() if r.id == peer_id), peer_id)
+            log.log(level, "%s signs its requests as %s; not renaming it: %s", was, name, refused)
+            if len(self._refused_renames) < 1024:  # peers are few; the bound is only a bound
+                self._refused_renames[peer_id] = name
 
     def _probe_done(self, peer_id: str, fqdn: str, task: asyncio.Task) -> None:
         if self._probes.get(peer_id) is task:
@@ -316,6 +346,8 @@ class HealthPoller:
                 # key is unusable: the fault is here, and only rotation clears it
                 kind = "own_identity"
                 detail = f"{detail}; this node cannot sign: {self.node.identity.error or 'no pool identity'}"
+            elif no_credential and self.node.settings.current.poolRequireSignedPeers and not row.peer_public_key:
+                kind = "signed_required"  # its own action: only the operator brings this pairing back
             self._failed(row, status, kind, detail if status != 200 else "invalid capabilities payload",
                          engine_marked, action_for(kind, row.node_fqdn, await self.node.tailnet.self_fqdn()))
         except DB_UNREACHABLE:
