@@ -211,6 +211,13 @@ async def pump(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, upstream:
             for out in tail():
                 await send({"type": "http.response.body", "body": out, "more_body": True})
     except ClientGone:
+        if judge is not None and judge.recognised and judge.verdict() is None:
+            # the final frame already went out: the app had the whole answer and closed after it
+            # (Codex hangs up on response.completed, before the stream's own end) — served
+            log.debug("the app closed %s after its final frame", row["id"])
+            if cand is not None:
+                stream_ended(node, plan, cand, judge, False)
+            return
         log_.touch(row, clientClosed=True, outcome="failed", reason="the app closed its connection mid-response")
         return
     except (aiohttp.ClientError, asyncio.IncompleteReadError) as exc:
