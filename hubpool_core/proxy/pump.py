@@ -94,22 +94,14 @@ async def commit(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, upstrea
         judge = StreamJudge(judged_dialect(plan.dialect, translator), final_frame_check(node, cand))
         watch = watch_for(node, plan, upstream, judged_dialect(plan.dialect, translator))
     resume = plan.resume
-    if resume is not None and resume.continuing:
-        # a continuation: the app's stream is open; this attempt's frames are spliced into it
-        convert = translator.feed if translator is not None and streamed else (lambda chunk: (chunk,))
-        tail = translator.end if translator is not None and streamed else None
-        try:
+    try:
+        if resume is not None and resume.continuing:
+            # a continuation: the app's stream is open; this attempt's frames are spliced into it
+            convert = translator.feed if translator is not None and streamed else (lambda chunk: (chunk,))
+            tail = translator.end if translator is not None and streamed else None
             await pump(node, plan, hangup, send, upstream, convert, tail=tail, judge=judge, cand=cand,
                        first=held, watch=watch, translator=translator)
-        finally:
-            if watch is not None:
-                watch.stop()
-            upstream.release() if upstream.content.at_eof() else upstream.close()
-        row["totalMs"] = int((time.monotonic() - started) * 1000)
-        log_.touch(row)
-        return judge
-    try:
-        if translator is not None:
+        elif translator is not None:
             await relay_translated(node, plan, hangup, send, upstream, cand, translator, streamed, headers, held,
                                    judge, watch)
         else:
