@@ -22,10 +22,10 @@ FLAVOR_NAMES = ("ollama", "vllm", "llamacpp", "lemonade", "omlx")
 _RUNTIME_TYPES: dict[str, Any] = {
     "slots": int, "prefill_tps": float, "decode_tps": float, "decode_ms_per_token": float, "load_ms": float,
     "tokens": int, "embedding_dim": int, "prompt_cache": bool, "timings": bool, "api_key": str,
-    "time_scale": float, "sleeping": bool,
+    "time_scale": float, "sleeping": bool, "tool_script": list,
 }
 RUNTIME_FIELDS = tuple(_RUNTIME_TYPES)
-_NULLABLE = ("decode_ms_per_token", "api_key", "sleeping")
+_NULLABLE = ("decode_ms_per_token", "api_key", "sleeping", "tool_script")
 
 _PARAMS_TAG = re.compile(r"(?:^|[:\-_])e?(\d+(?:\.\d+)?)([bm])(?:$|[\-_])", re.IGNORECASE)
 
@@ -158,6 +158,9 @@ class SimConfig:
     router: bool = False
     #: vllm: asleep (``GET /is_sleeping``; served only with this knob set at start or later)
     sleeping: bool | None = None
+    #: a scripted model: the tool calls a test names, step by step, then short answers
+    #: (hubpool_sim/script.py); None is the default model
+    tool_script: list[dict[str, dict[str, Any]]] | None = None
 
     def __post_init__(self) -> None:
         if self.flavor not in FLAVOR_NAMES:
@@ -179,6 +182,10 @@ class SimConfig:
             raise ValueError("decode_ms_per_token cannot be negative")
         if int(self.tokens) < 1 or int(self.embedding_dim) < 1:
             raise ValueError("tokens and embedding_dim must be at least 1")
+        for step in self.tool_script or []:
+            if not isinstance(step, dict) or not all(
+                    isinstance(name, str) and isinstance(args, dict) for name, args in step.items()):
+                raise ValueError("tool_script is a list of steps, each a mapping of tool name to its arguments")
 
     # -- timing -----------------------------------------------------------------------------
     @property

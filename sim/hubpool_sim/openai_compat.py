@@ -28,8 +28,9 @@ from hubpool_sim.replies import (
     sse,
     unknown_model,
 )
+from hubpool_sim.script import answer_limit, calls_for
 from hubpool_sim.text import count_or_none, count_tokens, embedding, embedding_inputs, messages_prompt, plain_prompt
-from hubpool_sim.tools import ToolCall, chat_ends_in_tool_result, planned_calls
+from hubpool_sim.tools import ToolCall, chat_ends_in_tool_result
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -60,15 +61,16 @@ async def _complete(request: web.Request, *, chat: bool) -> web.StreamResponse:
     if refusal:
         return json_reply(*refusal)
 
-    gen = Generation(model, prompt, engine.config.tokens, max_tokens, call_of(request).fault)
+    gen = Generation(model, prompt, engine.config.tokens, answer_limit(engine.config, max_tokens),
+                     call_of(request).fault)
     ids = {
         "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
         "object": "chat.completion.chunk" if chat else "text_completion",
         "created": int(time.time()),
         "model": model.id,
     }
-    calls = planned_calls(body.get("tools"), chat_ends_in_tool_result(body.get("messages"))) \
-        if chat and gen.kind != "unused" else []
+    calls = calls_for(engine.config, body.get("tools"), body.get("messages"),
+                      chat_ends_in_tool_result(body.get("messages"))) if chat and gen.kind != "unused" else []
     async with engine.serving(gen):
         if body.get("stream") is True:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
