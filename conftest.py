@@ -18,6 +18,7 @@ SLOW = (
     "plugins/vllm/tests/test_vllm_queue_depth_node.py",  # 6 s
     "sim/tests/test_demo.py",  # 53 s
     "tests/security/test_api_fuzz.py",  # 15 s
+    "tests/security/test_agent_bodies_never_500.py",  # 9 s: 60 generated agent bodies through a node
     "tests/security/test_pin_and_recreated_peer.py",  # 11 s
     "tests/security/test_signing_attacks.py",  # 13 s
     "tests/security/test_upgrade_state_machine.py",  # 17 s

@@ -171,9 +171,21 @@ class Pin(BaseModel):
     mode: str = Field(default="prefer", pattern="^prefer$")
 
 
-#: poolSessionSources' default: hubpool's header, Claude Code's metadata.user_id, Codex's
-#: session_id header (placement/sessions.py reads them)
-DEFAULT_SESSION_SOURCES = ("header:X-Hub-Pool-Session", "body:metadata.user_id", "header:session_id")
+#: poolSessionSources' default, first match wins (placement/sessions.py reads them): hubpool's
+#: header; Claude Code's session header and metadata.user_id; Codex's session-id header and
+#: prompt_cache_key; OpenCode's x-session-id and x-session-affinity
+DEFAULT_SESSION_SOURCES = (
+    "header:X-Hub-Pool-Session",
+    "header:X-Claude-Code-Session-Id",
+    "body:metadata.user_id",
+    "header:session-id",
+    "body:prompt_cache_key",
+    "header:x-session-id",
+    "header:x-session-affinity",
+)
+#: the default before the agents' own ids were read: a settings file that holds exactly this
+#: was never edited (settings are written whole), so it takes the new default at load
+LEGACY_DEFAULT_SESSION_SOURCES = ["header:X-Hub-Pool-Session", "body:metadata.user_id", "header:session_id"]
 SESSION_SOURCE_PATTERN = r"^(header:[A-Za-z0-9_-]{1,64}|body:[A-Za-z0-9_]{1,64}(\.[A-Za-z0-9_]{1,64}){0,3})$"
 
 
@@ -199,7 +211,7 @@ class PoolSettings(BaseModel):
     #: hubpool's own: where a request's session id is read from for prefix affinity, first
     #: match wins ("header:<name>", "body:<dotted.path>"); see placement/sessions.py
     poolSessionSources: list[Annotated[str, StringConstraints(pattern=SESSION_SOURCE_PATTERN)]] = Field(
-        default_factory=lambda: list(DEFAULT_SESSION_SOURCES), max_length=8)
+        default_factory=lambda: list(DEFAULT_SESSION_SOURCES), max_length=16)
     #: hubpool's own, beyond the spec: 1 adds what a local engine itself reports running
     #: or waiting beyond this node's own requests (for engines whose plugin can read such a
     #: figure) to that candidate's queue depth; 0 (the default, until measured) ranks on the
@@ -278,6 +290,8 @@ class SettingsStore:
         if not isinstance(raw, dict):
             return PoolSettings()
         good: dict[str, Any] = {}
+        if raw.get("poolSessionSources") == LEGACY_DEFAULT_SESSION_SOURCES:
+            del raw["poolSessionSources"]
         for key, value in raw.items():
             if key not in PoolSettings.model_fields:
                 continue

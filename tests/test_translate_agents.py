@@ -214,3 +214,101 @@ def test_a_stream_split_anywhere_translates_the_same(cuts):
         split = [{k: v for k, v in e.items() if k not in random_ids}
                  for e in _events(_feed_all(make(), STREAM, cuts))]
         assert split == whole
+
+
+# -- issue 25: what the real agents send beyond the SDKs' clean requests ------------------
+
+def test_claude_codes_system_message_inside_messages_stays_a_system_message_in_place():
+    body = {"model": "m", "max_tokens": 32000, "thinking": {"type": "adaptive"}, "output_config": {"effort": "high"},
+            "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+            "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.328;"},
+                       {"type": "text", "text": "You are an agent.", "cache_control": {"type": "ephemeral"}}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "<reminder>"},
+                                                      {"type": "text", "text": "Say hello"}]},
+                         {"role": "system", "content": [{"type": "text", "text": "# Environment",
+                                                         "cache_control": {"type": "ephemeral"}}]},
+                         {"role": "developer", "content": "be brief"}],
+            "tools": [{"name": "Read", "description": "d", "input_schema": {"type": "object"},
+                       "defer_loading": True, "strict": True, "eager_input_streaming": True},
+                      {"type": "web_search_20250305", "name": "web_search", "max_uses": 5}]}
+    out = MessagesToChat("/v1/messages", body, True).upstream_body
+    assert [m["role"] for m in out["messages"]] == ["system", "user", "system", "system"]
+    assert out["messages"][2] == {"role": "system", "content": "# Environment"}
+    assert out["messages"][3] == {"role": "system", "content": "be brief"}
+    assert out["tools"] == [{"type": "function", "function": {"name": "Read", "description": "d",
+                                                              "parameters": {"type": "object"}}}]
+    assert not {"thinking", "output_config", "context_management", "metadata"} & set(out)
+    assert out["max_tokens"] == 32000
+
+
+CODEX_TOOLS = [
+    {"type": "function", "name": "exec_command", "description": "run", "strict": False,
+     "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}},
+    {"type": "namespace", "name": "multi_agent_v1", "description": "agents", "tools": [
+        {"type": "function", "name": "spawn", "parameters": {"type": "object"}}]},
+    {"type": "web_search", "external_web_access": False},
+    {"type": "custom", "name": "apply_patch", "description": "Apply a patch",
+     "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}},
+]
+
+
+def test_codex_request_developer_items_hosted_tools_custom_tools_and_reasoning():
+    body = {"model": "m", "store": False, "include": ["reasoning.encrypted_content"], "prompt_cache_key": "k",
+            "reasoning": {"summary": "auto"}, "tools": CODEX_TOOLS, "tool_choice": "auto",
+            "input": [
+                {"type": "message", "id": "msg_1", "role": "developer", "content": [{"type": "input_text",
+                                                                                      "text": "rules"}]},
+                {"type": "message", "id": "msg_2", "role": "user", "content": [{"type": "input_text", "text": "go"}]},
+                {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAAA"},
+                {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "exec_command",
+                 "arguments": '{"cmd":"ls"}'},
+                {"type": "function_call_output", "call_id": "c1",
+                 "output": [{"type": "input_text", "text": "a.txt\n"}, {"type": "input_text", "text": "b.txt"}]},
+                {"type": "custom_tool_call", "id": "ctc_2", "call_id": "c2", "name": "apply_patch",
+                 "input": "*** Begin Patch"},
+                {"type": "custom_tool_call_output", "call_id": "c2", "output": "Done"},
+                {"type": "item_reference", "id": "msg_never_looked_up"},
+            ]}
+    out = ResponsesToChat("/v1/responses", body, False).upstream_body
+    assert [m["role"] for m in out["messages"]] == ["system", "user", "assistant", "tool", "assistant", "tool"]
+    assert out["messages"][3] == {"role": "tool", "tool_call_id": "c1", "content": "a.txt\nb.txt"}
+    assert json.loads(out["messages"][4]["tool_calls"][0]["function"]["arguments"]) == {"input": "*** Begin Patch"}
+    assert out["messages"][5] == {"role": "tool", "tool_call_id": "c2", "content": "Done"}
+    names = [t["function"]["name"] for t in out["tools"]]
+    assert names == ["exec_command", "apply_patch"]  # namespace and web_search dropped
+    patch = out["tools"][1]["function"]
+    assert patch["parameters"]["required"] == ["input"] and patch["parameters"]["properties"]["input"]["type"] == \
+        "string"
+    assert not {"store", "include", "prompt_cache_key", "reasoning"} & set(out)
+
+
+def _custom_call_stream(arguments: list[str]) -> bytes:
+    first = {"index": 0, "id": "call_p", "type": "function", "function": {"name": "apply_patch", "arguments": ""}}
+    return b"".join([_chunk({"role": "assistant", "tool_calls": [first]}),
+                     *[_chunk({"tool_calls": [{"index": 0, "function": {"arguments": a}}]}) for a in arguments],
+                     _chunk(finish="tool_calls"), _chunk(usage={"prompt_tokens": 9, "completion_tokens": 4}),
+                     b"data: [DONE]\n\n"])
+
+
+def test_a_call_to_a_custom_tool_comes_back_as_a_custom_tool_call_streamed_and_whole():
+    body = {"model": "m", "input": "patch it", "tools": CODEX_TOOLS}
+    patch = '*** Begin Patch\n*** Add File: a.txt\n+hi\n*** End Patch'
+    args = json.dumps({"input": patch})
+    events = _events(_feed_all(ResponsesToChat("/v1/responses", body, True),
+                               _custom_call_stream([args[:10], args[10:30], args[30:]]), []))
+    kinds = [e["type"] for e in events]
+    assert "response.function_call_arguments.delta" not in kinds
+    assert kinds[-4:] == ["response.custom_tool_call_input.delta", "response.custom_tool_call_input.done",
+                          "response.output_item.done", "response.completed"]
+    added = next(e for e in events if e["type"] == "response.output_item.added")["item"]
+    assert added["type"] == "custom_tool_call" and added["call_id"] == "call_p" and added["name"] == "apply_patch"
+    done = events[-1]["response"]["output"][0]
+    assert done == {"type": "custom_tool_call", "id": "ctc_call_p", "call_id": "call_p", "name": "apply_patch",
+                    "input": patch, "status": "completed"}
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    whole = {"id": "x", "choices": [{"message": {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_q", "type": "function", "function": {"name": "apply_patch", "arguments": args}}]},
+        "finish_reason": "tool_calls"}], "usage": {"prompt_tokens": 1, "completion_tokens": 1}}
+    answer = json.loads(ResponsesToChat("/v1/responses", body, False).whole(200, json.dumps(whole).encode()))
+    assert [i["type"] for i in answer["output"]] == ["custom_tool_call"]
+    assert answer["output"][0]["input"] == patch and "_arguments" not in answer["output"][0]

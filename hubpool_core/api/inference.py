@@ -22,7 +22,7 @@ from hubpool_core.api.admission import (
     retry_after_s,
     saturated,
 )
-from hubpool_core.api.dialects import AGENT_ROUTES, SPELLINGS, body_problem, error_response, passed_headers, reshaped
+from hubpool_core.api.dialects import AGENT_ROUTES, SPELLINGS, error_response, passed_headers, reshaped
 from hubpool_core.engine import AGENT_DIALECTS, NATIVE, OPENAI, RESPONSES
 from hubpool_core.models_ids import fold_model_id, same_model
 from hubpool_core.placement import (
@@ -104,12 +104,20 @@ async def read_json_object(request: Request, limit: int) -> tuple[bytes, dict[st
     return raw, body
 
 
+#: how lenient engines read a ``stream`` that is not a JSON boolean (``1``, ``"true"``)
+_TRUE, _FALSE = (True, 1, "true", "True", "1"), (False, 0, "false", "False", "0")
+
+
 def _wants_stream(dialect: str, route_class: str, body: dict[str, Any]) -> bool:
+    """Whether the engine will stream its answer, read as a lenient engine reads ``stream``:
+    a value no engine reads either way is left to the engine, which refuses it or not
+    (the door judges only what no engine could serve)."""
     if route_class in ("embeddings", "count", "rerank"):
         return False
+    stream = body.get("stream")
     if dialect == NATIVE:  # native routes stream unless the body says stream: false
-        return body.get("stream") is not False
-    return body.get("stream") is True
+        return not (isinstance(stream, (bool, int, str)) and stream in _FALSE)
+    return isinstance(stream, (bool, int, str)) and stream in _TRUE
 
 
 def _error(status: int, message: str, request_id: str | None = None) -> JSONResponse:
@@ -133,9 +141,6 @@ async def routed(request: Request) -> Response:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         return error_response(dialect, 400, MODEL_REQUIRED["error"])
-    problem = body_problem(dialect, body)
-    if problem is not None:
-        return error_response(dialect, 400, problem)
     found = session_of(node.settings.current.poolSessionSources, request.headers, body)
     asked = PlacementRequest(route, dialect, route_class, model, body, raw, _wants_stream(dialect, route_class, body),
                              found[0] if found else None, found[1] if found else None)

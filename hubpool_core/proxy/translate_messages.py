@@ -30,6 +30,8 @@ from hubpool_core.proxy.translate_chat import (
 )
 
 COUNT_ROUTE = "/v1/messages/count_tokens"
+#: roles a message inside ``messages`` may carry that chat completions reads as a system message
+SYSTEM_ROLES = ("system", "developer")
 #: chat finish_reason -> Messages stop_reason
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "function_call": "tool_use",
                 "content_filter": "refusal"}
@@ -61,13 +63,18 @@ def _image_part(source: Any) -> dict[str, Any] | None:
 
 
 def _message(msg: Any) -> list[dict[str, Any]]:
-    """One Messages turn as chat messages: tool results become ``tool`` messages (first,
-    as chat templates expect them right after the calls), tool_use blocks the assistant's
+    """One Messages turn as chat messages: a ``system`` (or ``developer``) message stays a
+    system message in place, tool results become ``tool`` messages (first, as chat
+    templates expect them right after the calls), tool_use blocks the assistant's
     ``tool_calls``; thinking and documents are dropped."""
     if not isinstance(msg, dict):
         return []
-    role = msg.get("role") if msg.get("role") in ("user", "assistant") else "user"
     content = msg.get("content")
+    if msg.get("role") in SYSTEM_ROLES:
+        # Claude Code puts its environment block in a system message inside messages on
+        # every turn: it stays a system message, where it was
+        return [{"role": "system", "content": content_text(content)}]
+    role = msg.get("role") if msg.get("role") in ("user", "assistant") else "user"
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     out: list[dict[str, Any]] = []
@@ -128,7 +135,11 @@ def chat_request(body: dict[str, Any], stream: bool) -> dict[str, Any]:
     turns = body.get("messages")
     for msg in turns if isinstance(turns, list) else []:
         messages += _message(msg)
-    out: dict[str, Any] = {"model": body.get("model"), "messages": messages, "stream": stream}
+    out: dict[str, Any] = {"model": body.get("model"), "stream": stream}
+    if isinstance(turns, list):
+        out["messages"] = messages
+    elif "messages" in body:  # not a list: the engine refuses it in its own words
+        out["messages"] = turns
     for ours, theirs in (("max_tokens", "max_tokens"), ("temperature", "temperature"), ("top_p", "top_p"),
                          ("top_k", "top_k"), ("stop_sequences", "stop")):
         if body.get(ours) is not None:
@@ -162,8 +173,9 @@ class MessagesToChat(StreamClosing):
         if self.counting:
             self.upstream_body.update(max_tokens=1, stream=False)
             self.upstream_body.pop("stream_options", None)
+            turns = self.upstream_body.get("messages")
             text = "".join(m["content"] if isinstance(m.get("content"), str) else json.dumps(m.get("content"))
-                           for m in self.upstream_body["messages"])
+                           for m in (turns if isinstance(turns, list) else []))
             self.estimate = -(-len((text + json.dumps(self.upstream_body.get("tools", ""))).encode()) // 4)
         self.id = f"msg_{uuid.uuid4().hex[:24]}"
         self._reader = ChatStreamReader()

@@ -1,8 +1,12 @@
 """OpenAI Responses requests served by an engine that speaks only chat completions.
 
 ``/v1/responses`` becomes ``/v1/chat/completions``: ``instructions`` and the ``input`` items
-(messages, ``function_call``, ``function_call_output``) become messages, function tools stay
-function tools; the answer comes back as a Response object or its event stream
+(messages of any role, ``developer`` and ``system`` in place as system messages;
+``function_call``/``custom_tool_call`` and their outputs) become messages; function tools stay
+function tools, a ``custom`` tool (Codex's apply_patch) becomes a function with one string
+``input`` parameter whose calls come back as ``custom_tool_call`` items, and hosted tools
+(``web_search``, ``namespace``, …) and reasoning items are dropped; item ids are never looked
+up. The answer comes back as a Response object or its event stream
 (``response.created`` … ``response.completed``). Nothing is stored — the engine keeps no
 state — so the answer says ``store: false``, and a ``previous_response_id`` is refused
 before the request gets here. What survives and what does not is in docs/translation.md. A
@@ -22,6 +26,7 @@ from hubpool_core.proxy.translate_chat import (
     ChatStreamReader,
     StreamClosing,
     content_text,
+    parse_arguments,
     read_answer,
     read_whole,
     usage_tokens,
@@ -78,29 +83,55 @@ def chat_messages(instructions: Any, items: Any) -> list[dict[str, Any]]:
             role = item.get("role")
             role = "system" if role == "developer" else role if role in ("user", "assistant", "system") else "user"
             messages.append({"role": role, "content": _content(item.get("content"))})
-        elif kind == "function_call":
+        elif kind in ("function_call", "custom_tool_call"):
+            arguments = item.get("arguments") if kind == "function_call" else json.dumps(
+                {"input": item.get("input") if isinstance(item.get("input"), str) else ""})
             call = {"id": item.get("call_id"), "type": "function",
-                    "function": {"name": item.get("name"), "arguments": item.get("arguments") or "{}"}}
+                    "function": {"name": item.get("name"), "arguments": arguments or "{}"}}
             last = messages[-1] if messages else None
             if last is not None and last.get("role") == "assistant" and last.get("tool_calls") is not None:
                 last["tool_calls"].append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             output = item.get("output")
+            # Codex sends an output as text or as a list of content parts: flattened to text
             messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
                              "content": output if isinstance(output, str) else content_text(output, TEXT_KINDS)})
+        # reasoning items (encrypted_content), item references and hosted tools' calls carry
+        # nothing a chat template reads: dropped, and their ids are never looked up
     return messages
+
+
+def _custom_function(tool: dict[str, Any]) -> dict[str, Any]:
+    """A custom tool (free-form text input, e.g. Codex's apply_patch) as a function taking one
+    string: its grammar, if any, is the engine's to follow from the description."""
+    fn: dict[str, Any] = {"name": tool["name"], "parameters": {
+        "type": "object", "properties": {"input": {"type": "string", "description": "The tool's input, verbatim"}},
+        "required": ["input"]}}
+    if isinstance(tool.get("description"), str):
+        fn["description"] = tool["description"]
+    return fn
 
 
 def _tools(tools: Any) -> list[dict[str, Any]]:
     out = []
     for tool in tools if isinstance(tools, list) else []:
-        # built-in tools (web search, file search, computer use) have no function to call here
-        if isinstance(tool, dict) and tool.get("type") == "function" and isinstance(tool.get("name"), str):
+        # hosted tools (web search, file search, namespaces, computer use) have nothing to call here
+        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+            continue
+        if tool.get("type") == "function":
             fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}
             out.append({"type": "function", "function": fn})
+        elif tool.get("type") == "custom":
+            out.append({"type": "function", "function": _custom_function(tool)})
     return out
+
+
+def custom_tool_names(tools: Any) -> frozenset[str]:
+    """The names of the request's custom tools: a call to one goes back as ``custom_tool_call``."""
+    return frozenset(t["name"] for t in tools if isinstance(t, dict) and t.get("type") == "custom"
+                     and isinstance(t.get("name"), str)) if isinstance(tools, list) else frozenset()
 
 
 def chat_request(body: dict[str, Any], stream: bool) -> dict[str, Any]:
@@ -117,7 +148,8 @@ def chat_request(body: dict[str, Any], stream: bool) -> dict[str, Any]:
         choice = body.get("tool_choice")
         if choice in ("auto", "none", "required"):
             out["tool_choice"] = choice
-        elif isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        elif isinstance(choice, dict) and choice.get("type") in ("function", "custom") \
+                and isinstance(choice.get("name"), str):
             out["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
     text = body.get("text")
     fmt = text.get("format") if isinstance(text, dict) else None
@@ -149,6 +181,7 @@ class ResponsesToChat(StreamClosing):
         self._output: list[dict[str, Any]] = []
         self._open: dict[str, Any] | None = None  # the output item being streamed
         self._call_items: dict[int, dict[str, Any]] = {}
+        self._custom = custom_tool_names(body.get("tools"))
         super().__init__()
 
     def _response(self, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None) -> dict[str, Any]:
@@ -185,8 +218,9 @@ class ResponsesToChat(StreamClosing):
         output: list[dict[str, Any]] = []
         if answer.text or not answer.calls:
             output.append(self._message_item(answer.text, "completed"))
-        output += [self._call_item(c.call_id or f"call_{i}", c.name or "", c.arguments, "completed")
-                   for i, c in enumerate(answer.calls)]
+        for i, c in enumerate(answer.calls):
+            item = self._call_item(c.call_id or f"call_{i}", c.name or "", c.arguments, "completed")
+            output.append(self._custom_done(item) if item["type"] == "custom_tool_call" else item)
         return json.dumps(self._response(self._status(answer.finish), output, answer.usage)).encode()
 
     @staticmethod
@@ -194,10 +228,21 @@ class ResponsesToChat(StreamClosing):
         return {"type": "message", "id": f"msg_{uuid.uuid4().hex[:24]}", "role": "assistant", "status": status,
                 "content": [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" else []}
 
-    @staticmethod
-    def _call_item(call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
+    def _call_item(self, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
+        if name in self._custom:  # the arguments are collected, and read once the call is whole
+            return {"type": "custom_tool_call", "id": f"ctc_{call_id}", "call_id": call_id, "name": name,
+                    "input": "", "status": status, "_arguments": arguments}
         return {"type": "function_call", "id": f"fc_{call_id}", "call_id": call_id, "name": name,
                 "arguments": arguments, "status": status}
+
+    @staticmethod
+    def _custom_done(item: dict[str, Any]) -> dict[str, Any]:
+        """A custom tool call made whole: its ``input`` is the function's one string argument
+        (the engine's text itself when that is not the JSON asked for)."""
+        raw = item.pop("_arguments", "")
+        value = parse_arguments(raw)
+        item.update(input=value["input"] if isinstance(value.get("input"), str) else raw, status="completed")
+        return item
 
     # -- streams -----------------------------------------------------------------
     def _event(self, kind: str, **fields: Any) -> bytes:
@@ -235,7 +280,9 @@ class ResponsesToChat(StreamClosing):
                         call_id, piece.name or "", "", "in_progress")
                     yield self._event("response.output_item.added", output_index=len(self._output),
                                       item=self._public(item))
-                if piece.arguments:
+                if piece.arguments and item["type"] == "custom_tool_call":
+                    item["_arguments"] += piece.arguments  # its input is sent whole, at the end
+                elif piece.arguments:
                     item["arguments"] += piece.arguments
                     index = len(self._output) if item is self._open else self._position(item)
                     yield self._event("response.function_call_arguments.delta", item_id=item["id"],
@@ -276,6 +323,12 @@ class ResponsesToChat(StreamClosing):
             yield self._event("response.content_part.done", item_id=item["id"], output_index=index,
                               content_index=0, part=part)
             item.update(status="completed", content=[part])
+        elif item["type"] == "custom_tool_call":
+            self._custom_done(item)
+            yield self._event("response.custom_tool_call_input.delta", item_id=item["id"], output_index=index,
+                              delta=item["input"])
+            yield self._event("response.custom_tool_call_input.done", item_id=item["id"], output_index=index,
+                              input=item["input"])
         else:
             yield self._event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
                               name=item["name"], arguments=item["arguments"])

@@ -27,6 +27,8 @@ class Call:
 
 # aiohttp 3.14 asks for typed request keys; older releases take the plain string.
 CALL: Any = web.RequestKey("hubpool_sim.call", Call) if hasattr(web, "RequestKey") else "hubpool_sim.call"
+#: set once a stream's headers went out: an error after that cannot become a reply
+STARTED: Any = web.RequestKey("hubpool_sim.started", bool) if hasattr(web, "RequestKey") else "hubpool_sim.started"
 
 
 def call_of(request: web.Request) -> Call:
@@ -72,6 +74,7 @@ async def open_stream(request: web.Request, content_type: str) -> web.StreamResp
     """Headers go out only now, after queue, load and prefill: time to first byte is real."""
     response = web.StreamResponse(headers={"Content-Type": content_type, "Cache-Control": "no-cache"})
     await response.prepare(request)
+    request[STARTED] = True
     return response
 
 

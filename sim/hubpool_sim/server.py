@@ -25,7 +25,17 @@ from hubpool_sim.config import SimConfig
 from hubpool_sim.engine import Engine
 from hubpool_sim.faults import Fault, coerce_fault, fault_error
 from hubpool_sim.flavors import Flavor
-from hubpool_sim.replies import CALL, ENGINE, Call, call_of, error_reply, is_native, json_reply, send_truncated
+from hubpool_sim.replies import (
+    CALL,
+    ENGINE,
+    STARTED,
+    Call,
+    call_of,
+    error_reply,
+    is_native,
+    json_reply,
+    send_truncated,
+)
 from hubpool_sim.text import body_prompt, count_tokens
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -113,6 +123,12 @@ def build_app(engine: Engine) -> web.Application:
             else:
                 response = await _serve(request, handler, model, inference=request.path in inference,
                                         generation=request.path in generation, open_path=request.path in open_paths)
+        except (AttributeError, TypeError, KeyError, ValueError) as exc:
+            # a field of the wrong JSON type: llama-server and Ollama refuse such a body with a
+            # 400 naming the field's type, before anything is generated (never a 500)
+            if request.get(STARTED):
+                raise
+            response = error_reply(request, 400, f"a field of the request has the wrong type ({exc})")
         except web.HTTPException:  # the router's 404/405: answered, so completed
             _note_end(engine, "completed")
             raise

@@ -104,7 +104,7 @@ def _without_cache_marks(value: Any) -> Any:
 
 
 def _is_system(message: Any) -> bool:
-    return isinstance(message, Mapping) and message.get("role") in SYSTEM_ROLES
+    return isinstance(message, Mapping) and isinstance(message.get("role"), str) and message["role"] in SYSTEM_ROLES
 
 
 def session_key(context: Any) -> tuple[str, str] | None:
