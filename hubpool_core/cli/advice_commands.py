@@ -9,6 +9,7 @@ import typer
 
 from hubpool_core.cli.client import NodeError
 from hubpool_core.cli.commands import JsonOption, UrlOption, _client, _fail, app, out
+from hubpool_core.placement.handout import AGENT_MIN_CONTEXT, AGENTS, agent_setup
 
 MARK = {"ready": "✓", "warning": "!", "needs action": "✗"}
 
@@ -36,8 +37,15 @@ def handout(tools: bool = typer.Option(False, "--tools", help="The client needs 
             min_context: int | None = typer.Option(None, "--min-context", min=1,
                                                       help="The smallest context window the client accepts."),
             env_lines: bool = typer.Option(False, "--env", help="Print only KEY=VALUE lines for a .env file."),
+            agent: str | None = typer.Option(None, "--agent", metavar="|".join(AGENTS),
+                                             help="A coding agent: the environment and config files it needs."),
             url: str | None = UrlOption, as_json: bool = JsonOption) -> None:
     """Say what a client should be configured with: base URLs, the model, and num_ctx."""
+    if agent is not None and agent not in AGENTS:
+        _fail(f"--agent takes one of {', '.join(AGENTS)}, not {agent!r}")
+    if agent is not None:
+        # an agent calls tools, and its first turn alone is 16-20k tokens
+        tools, min_context = True, min_context or AGENT_MIN_CONTEXT
     query = {"tools": "true"} if tools else {}
     if min_context:
         query["minContext"] = str(min_context)
@@ -45,6 +53,9 @@ def handout(tools: bool = typer.Option(False, "--tools", help="The client needs 
         data = _client(url).get("/api/inference/pool/handout" + ("?" + urlencode(query) if query else ""))
     except NodeError as exc:
         _fail(str(exc))
+    if agent is not None:
+        _print_agent(agent_setup(agent, data), as_json=as_json, env_lines=env_lines)
+        return
     if as_json:
         print(json.dumps(data, indent=2))
         return
@@ -63,6 +74,28 @@ def handout(tools: bool = typer.Option(False, "--tools", help="The client needs 
     for w in data["warnings"]:
         out.print(f"warning: {w}", highlight=False)
     out.print("\n" + "\n".join(f"{k}={v}" for k, v in data["env"].items()), highlight=False)
+
+
+_AGENT_NAMES = {"claude-code": "Claude Code", "codex": "Codex", "opencode": "OpenCode"}
+
+
+def _print_agent(setup: dict, *, as_json: bool, env_lines: bool) -> None:
+    if as_json:
+        print(json.dumps(setup, indent=2))
+        return
+    if env_lines:
+        for key, value in setup["env"].items():
+            print(f"{key}={value}")
+        return
+    served = ", ".join(setup["servedBy"]) or "nobody yet"
+    lines = [f"# {_AGENT_NAMES[setup['agent']]} through hubpool at {setup['baseUrl']}: model {setup['model']} "
+             f"(served by {served})", ""]
+    for file in setup["files"]:
+        lines += [f"# {file['path']}", file["content"].rstrip("\n"), ""]
+    lines += [f"export {key}={value}" for key, value in setup["env"].items()]
+    lines += ["", "# then start it:", setup["run"], ""]
+    lines += [f"# note: {n}" for n in setup["notes"]] + [f"# warning: {w}" for w in setup["warnings"]]
+    out.print("\n".join(lines), highlight=False, markup=False, soft_wrap=True)
 
 
 def _state(url: str | None, value: str, what: str, path: str, key: str, label: str, absent: str) -> None:
