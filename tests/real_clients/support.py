@@ -1,0 +1,38 @@
+"""What the real-client tests share besides the clients: the simulated engine, the handout
+an agent is configured from, and the routing log."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+from harness import RunningNode
+
+from hubpool_sim import SimConfig, SimModel
+
+#: the model the simulated engines hold; its window fits an agent's first turn with room
+MODEL = "coder:30b"
+WINDOW = 65536
+#: the handout an agent is configured from (what `hubpool handout --agent` asks for)
+HANDOUT = "/api/inference/pool/handout?tools=true&minContext=32768"
+ROUTING_LOG = "/api/inference/pool/routing-log?limit=500"
+
+
+def sim_config(*, agent_routes: bool, **extra: Any) -> SimConfig:
+    """A llama-server simulator holding MODEL: serving Messages and Responses itself
+    (``agent_routes``), or chat completions only (the node translates), scripted never to call
+    a tool unless a test says otherwise."""
+    extra.setdefault("tool_script", [])
+    return SimConfig(flavor="llamacpp", models=[SimModel(MODEL, window=WINDOW)], agent_routes=agent_routes, **extra)
+
+
+def handout(node: RunningNode) -> dict[str, Any]:
+    """The node's handout as an agent asks for it (tools, a 32k floor)."""
+    r = httpx.get(node.url + HANDOUT, timeout=30, trust_env=False)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def routing_rows(node: RunningNode) -> list[dict[str, Any]]:
+    with node.client(headers=node.headers()) as c:
+        return c.get(ROUTING_LOG).json()["entries"]

@@ -1,0 +1,125 @@
+"""Three nodes, two concurrent sessions of each real client: every turn of a session lands on
+one node, the two sessions land on different nodes, and the routing log names the client's own
+session id as the affinity key's source (spec: Prefix affinity; issue 25: sessions from every
+agent's own id).
+
+hub-a is the entry and holds no engine; hub-b and hub-c each hold the model on a simulated
+llama-server that asks for one file read per session (so a session is at least two turns) and
+answers slowly enough that the first session is still in flight when the second starts. A tap
+between the clients and hub-a records, per request, the client's own session header and the
+node that served it (``X-Hub-Pool-Served-By``): that is how a turn is told to a session, since
+the routing log, rightly, keeps no session id.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import ExitStack
+
+import pytest
+from aiohttp_thread import ThreadedApp
+from harness import fqdn, make_pool, pair, poll_until_offered, wait_until
+from real_clients.agents import AGENTS, AgentRun
+from real_clients.support import MODEL, handout, routing_rows, sim_config
+from real_clients.tap import tap
+from real_clients.test_tool_session import PROMPT, read_step
+
+from hubpool_sim import run_in_thread
+
+pytestmark = [pytest.mark.real_clients, pytest.mark.timeout(600)]
+
+#: the header each client names its session with, and the keySource the routing log must show
+SESSION_HEADER = {"claude-code": "x-claude-code-session-id", "codex": "session-id", "opencode": "x-session-id"}
+KEY_SOURCES = {"claude-code": {"x-claude-code-session-id"}, "codex": {"session-id"},
+               "opencode": {"x-session-id"}}
+#: per token: a turn of the scripted model's eight tokens takes about 6 s, so the first session
+#: is in flight when the second one's first request arrives
+DECODE_MS = 750
+
+
+def _normal(name: str) -> str:
+    return name.lower().replace("_", "-")
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pool")
+    with ExitStack() as stack:
+        sims = {name: stack.enter_context(run_in_thread(sim_config(agent_routes=True, decode_ms_per_token=DECODE_MS)))
+                for name in ("hub-b", "hub-c")}
+        nodes = make_pool(root, ["hub-a", "hub-b", "hub-c"], per_node={
+            "hub-b": {"LLAMACPP_URL": sims["hub-b"].url}, "hub-c": {"LLAMACPP_URL": sims["hub-c"].url}})
+        for n in nodes.values():
+            stack.enter_context(n)
+        entry = nodes["hub-a"]
+        pair(entry, nodes["hub-b"])
+        pair(entry, nodes["hub-c"])
+        poll_until_offered(entry, [nodes["hub-b"], nodes["hub-c"]], MODEL)
+        with entry.client(headers=entry.headers()) as c:
+            assert c.patch("/api/inference/pool/settings",
+                           json={"poolPrefixAffinityMaxInFlight": 3}).status_code == 200
+        kept: list[dict] = []
+        wire = stack.enter_context(ThreadedApp(tap(entry.url, kept)))
+        yield entry, sims, wire, kept
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_two_sessions_of_each_client_stay_each_on_one_node_and_spread(agent, pool, agent_binaries, tmp_path):
+    entry, sims, wire, kept = pool
+    kept.clear()
+    # the same task in the same repository twice, each session with its own home: the same
+    # prompt, so only the clients' own session ids can tell the two apart. Configured from the
+    # entry's handout, pointed at the tap in front of it.
+    work = tmp_path / "repo"
+    work.mkdir()
+    (work / "notes.txt").write_text("the notes of the shared repository\n")
+    setup_handout = {**handout(entry), "anthropicBaseUrl": wire.url}
+    runs = [AgentRun(agent, agent_binaries[agent], tmp_path / f"session-{i}", setup_handout, work=work)
+            for i in range(2)]
+    for sim in sims.values():
+        sim.configure(tool_script=[read_step(work)])
+    turns: list = [None, None]
+
+    def session(i: int) -> None:
+        turns[i] = runs[i].run(PROMPT, timeout=400)
+
+    busy = lambda: any(s.stats()["in_flight"] for s in sims.values())  # noqa: E731
+    first = threading.Thread(target=session, args=(0,))
+    first.start()
+    try:
+        # the second session starts once the first one's first request is being served
+        assert wait_until(busy, timeout=120, interval=0.05), "the first session never reached an engine"
+        second = threading.Thread(target=session, args=(1,))
+        second.start()
+        second.join(450)
+    finally:
+        first.join(450)
+        for sim in sims.values():
+            sim.configure(tool_script=[])
+    for turn in turns:
+        assert turn is not None and turn.succeeded, turn.describe() if turn else "no turn"
+
+    header = SESSION_HEADER[agent]
+    sessions: dict[str, list[dict]] = {}
+    for record in kept:
+        if record["method"] == "POST":
+            value = next((v for k, v in record["headers"].items() if k.lower() == header), None)
+            assert value, f"{agent} sent a request without its {header} header: {record['path']}"
+            sessions.setdefault(value, []).append(record)
+    assert len(sessions) == 2, list(sessions)
+    homes = {}
+    for sid, records in sessions.items():
+        assert all(r["status"] == 200 for r in records), [(r["path"], r["status"]) for r in records]
+        served = {r["answer_headers"]["x-hub-pool-served-by"] for r in records}
+        assert len(records) >= 2 and len(served) == 1, (sid[:8], [r["answer_headers"] for r in records])
+        homes[sid] = served.pop()
+    assert set(homes.values()) == {fqdn("hub-b"), fqdn("hub-c")}, homes  # the two sessions spread
+
+    rows = {r["id"]: r for r in routing_rows(entry)}
+    for records in sessions.values():
+        sections = [rows[r["answer_headers"]["x-hub-pool-request-id"]]["affinity"] for r in records]
+        assert all(s and s["key"] == "header" and _normal(s["keySource"]) in KEY_SOURCES[agent]
+                   for s in sections), sections
+        assert [s["outcome"] for s in sections][1:] == ["hit"] * (len(sections) - 1), sections
+    # the session ids themselves are kept nowhere a person can read them
+    assert not any(sid in str(rows) for sid in sessions)
