@@ -36,6 +36,11 @@ SLOW = (
     "tests/test_cli_pool.py",  # 150 s
     "tests/test_containers_chain.py",  # 16 s: two nodes, a fake Docker socket and three CLI runs
     "tests/test_clients_agents.py",  # 30 s
+    "tests/test_stream_watch.py",  # 36 s: two nodes, streams left to stall
+    "tests/test_stream_resume.py",  # 17 s: two nodes, streams stalled and resumed
+    "tests/test_loop_rule.py",  # 8 s: the loop rule over the Python standard library
+    "tests/test_stream_commit.py",  # 75 s: two nodes, each wedged engine waited out to its header budget
+    "sim/tests/test_stream_faults.py",  # 10 s
     "tests/test_clients_ollama.py",  # 7 s
     "tests/test_history.py",  # 18 s: nodes with history on, restarted, and the CLI
     "tests/test_history_crash.py",  # 27 s: a node process SIGKILLed under load and started again

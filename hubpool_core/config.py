@@ -186,6 +186,12 @@ DEFAULT_SESSION_SOURCES = (
 #: the default before the agents' own ids were read: a settings file that holds exactly this
 #: was never edited (settings are written whole), so it takes the new default at load
 LEGACY_DEFAULT_SESSION_SOURCES = ["header:X-Hub-Pool-Session", "body:metadata.user_id", "header:session_id"]
+#: poolModelAliases' default: Claude Code's background model (claude-haiku-…) and any other
+#: Claude name no node serves go to the pool's `auto` model
+DEFAULT_MODEL_ALIASES = {"claude-*": "auto"}
+MAX_MODEL_ALIASES = 50
+#: a model name or pattern: 1-200 printable characters, no spaces
+MODEL_NAME_PATTERN = r"^[!-~]{1,200}$"
 SESSION_SOURCE_PATTERN = r"^(header:[A-Za-z0-9_-]{1,64}|body:[A-Za-z0-9_]{1,64}(\.[A-Za-z0-9_]{1,64}){0,3})$"
 
 
@@ -229,12 +235,37 @@ class PoolSettings(BaseModel):
     #: behind every interactive one)
     poolAdmissionBatchKeys: list[str] = Field(default_factory=list, max_length=100)
     poolRouteAppsAlways: bool = True
+    #: hubpool's own, issue 28 and 25 (docs/reliability.md, "Streams that stop"): 1 commits a
+    #: stream to the app at its first real content, not at its engine's headers, so one that
+    #: sends headers and a role chunk and then nothing fails over within the first-byte budget;
+    #: 0 commits at the headers, as the spec does
+    poolStreamFirstToken: int = Field(default=1, ge=0, le=1)
+    #: a streamed Messages, Responses or OpenAI request with no content yet is committed to the
+    #: app after this long and kept alive at this cadence (Claude Code and Codex give up on a
+    #: stream silent for 300 s); 0 is off
+    poolStreamKeepAliveMs: int = Field(default=15_000, ge=0, le=290_000)
+    #: a committed stream with no new content for this long ends as `stalled` (the dialect's
+    #: error event; struck like an output fault). 120 s: over the longest silence a healthy
+    #: engine keeps mid-answer on a slow box (docs/reliability.md), under the agents' 300 s; 0 is off
+    poolStreamStallMs: int = Field(default=120_000, ge=0, le=3_600_000)
+    #: 1 ends a stream whose text loops (proxy/loops.py) as `degenerate-loop`; 0 is off
+    poolStreamLoopGuard: int = Field(default=1, ge=0, le=1)
+    #: 1 continues a stream cut mid-answer (its node gone, stalled, looping) on the next
+    #: candidate, spliced into the same stream; 0 (the default, as the spec has it) never moves
+    #: an answer that has started
+    poolStreamResume: int = Field(default=0, ge=0, le=1)
     #: inference preferences (PATCH /api/inference/preferences): this node's context cap and
     #: its statement of the engine's parallel slots; None is "not stated", never unlimited
     maxNumCtx: int | None = Field(default=None, ge=256, le=1_048_576)
     ollamaSlots: int | None = Field(default=None, ge=1, le=256)
     #: hubpool's own: the model `auto` prefers, wherever in the pool it is served (Settings → Inference)
     inferenceModel: str | None = Field(default=None, max_length=200)
+    #: hubpool's own: model name or glob pattern -> a pool model or "auto", for names no node
+    #: serves (Claude Code's background claude-haiku-…, a client's default model); see
+    #: placement/aliases.py
+    poolModelAliases: dict[Annotated[str, StringConstraints(pattern=MODEL_NAME_PATTERN)],
+                           Annotated[str, StringConstraints(pattern=MODEL_NAME_PATTERN)]] = Field(
+        default_factory=lambda: dict(DEFAULT_MODEL_ALIASES), max_length=MAX_MODEL_ALIASES)
     #: hubpool's own: plugins switched off by name (takes effect at the next start)
     pluginsDisabled: list[str] = Field(default_factory=list, max_length=100)
 
@@ -256,7 +287,16 @@ def describe_range(key: str) -> str:
     if lo is not None and hi is not None:
         suffix = ", or null" if field.default is None else ""
         return f"{lo}–{hi}{suffix}"
-    return str(field.annotation)
+    return SHAPES.get(key, str(field.annotation))
+
+
+#: what a setting that is not a number or a switch must be, in words (422 messages, the web UI)
+SHAPES = {
+    "poolModelAliases": (f'an object of at most {MAX_MODEL_ALIASES} model names or glob patterns (printable, '
+                         'no spaces), each mapped to a pool model or "auto"'),
+    "poolSessionSources": 'a list of at most 16 "header:<name>" or "body:<dotted.path>" strings',
+    "poolAdmissionBatchKeys": "a list of at most 100 inference key ids",
+}
 
 
 class SettingsError(ValueError):

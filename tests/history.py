@@ -230,9 +230,13 @@ def reconcile(history: History, logs: dict[str, list[dict[str, Any]]], fqdns: di
             # served here, yet the sender received an error status from here: the two disagree (a
             # pass-over for a deadline or a transport fault can follow a leaf's "served": the
             # network, not the leaf, failed)
-            refused = [a for a in sent["attempts"] if a["node"] == fqdns[node] and a.get("status") is not None]
+            refused = [a["status"] for a in sent["attempts"] if a["node"] == fqdns[node] and a.get("status") is not None]
+            # the candidate a walk ran out on is in no attempt (it was passed over for nothing):
+            # the row names it, and its reason carries the status it gave
+            if sent["node"] == fqdns[node] and sent["status"] == 502 and str(sent.get("reason")).startswith("HTTP "):
+                refused.append(sent.get("reason"))
             if row["outcome"] == "served" and refused:
-                out.problems.append(f"{node}: served {rid} but its sender got {refused[0]['status']} from here: {sent}")
+                out.problems.append(f"{node}: served {rid} but its sender got {refused[0]} from here: {sent}")
     # every answer a peer served left an inbound row there under the same id
     for rid, op in ops_by_rid.items():
         if op.outcome == OK and op.served_by not in (None, "local"):

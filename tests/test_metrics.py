@@ -160,7 +160,7 @@ def test_routed_requests_failover_and_502_are_counted_once_with_no_prompt_in_the
     # Prometheus naming: counters end in _total, units as suffixes, every name snake_case
     types = families(scrape(a).text)
     assert types == {
-        "hubpool_requests": "counter", "hubpool_failovers": "counter",
+        "hubpool_requests": "counter", "hubpool_failovers": "counter", "hubpool_stream_resumes": "counter",
         "hubpool_time_to_headers_seconds": "histogram", "hubpool_request_duration_seconds": "histogram",
         "hubpool_in_flight": "gauge", "hubpool_peer_up": "gauge", "hubpool_peer_consecutive_failures": "gauge",
         "hubpool_peer_probe_failure": "gauge", "hubpool_withheld_engines": "gauge",

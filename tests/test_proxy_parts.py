@@ -16,6 +16,7 @@ import pytest
 from fake_engine import FakeEngine
 from multidict import CIMultiDict
 
+from hubpool_core.config import PoolSettings
 from hubpool_core.engine import OPENAI, EngineConfig, ModelInfo, ProbeResult, Timings
 from hubpool_core.placement import Candidate
 from hubpool_core.placement.quarantine import DROPPED, Quarantine
@@ -82,7 +83,8 @@ class Recorder:
 def fake_node(max_num_ctx=4096):
     return SimpleNamespace(
         routing_log=RoutingLog(), output_quarantine=Quarantine(), unservable=Quarantine(), local=Recorder(),
-        peers=Recorder(), throughput=Recorder(), settings=SimpleNamespace(current=SimpleNamespace(maxNumCtx=max_num_ctx)),
+        peers=Recorder(), throughput=Recorder(),
+        settings=SimpleNamespace(current=PoolSettings(maxNumCtx=max_num_ctx)),  # every other setting at its default
         engine_by_kind={cls.kind: engine(cls) for cls in (PoolTemplateEngine, OwnTemplateEngine, TimedEngine)})
 
 

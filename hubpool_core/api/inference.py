@@ -57,6 +57,8 @@ ROUTED = {
     **AGENT_ROUTES,
 }
 MODEL_REQUIRED = {"error": 'Request body must include a "model" field'}
+#: owned_by of a model alias in /v1/models
+ALIAS_OWNER = "hub-pool-alias"
 PEER_SHOW_TIMEOUT_S = 15
 
 
@@ -154,7 +156,8 @@ async def routed(request: Request) -> Response:
     ordered, ctx = plan.candidates, plan.context
     row = node.routing_log.open(
         direction="outbound", path=route, model=plan.model, candidates=len(ordered),
-        stream=asked.stream, bodyBytes=len(plan.raw), budgetMs=plan.budget_ms, **plan.sections,
+        stream=asked.stream, bodyBytes=len(plan.raw), budgetMs=plan.budget_ms, requestedModel=plan.requested,
+        **plan.sections,
     )
     span = None if tracer is None else tracer.start_route(route, row, plan.model, len(ordered), began)
     if plan.diagnosis is not None:
@@ -295,7 +298,11 @@ def _peer_models(peers: list[Any]) -> list[str]:
     return out
 
 
-def openai_models_payload(backends: list[LocalBackend], peers: list[Any]) -> dict[str, Any]:
+def openai_models_payload(backends: list[LocalBackend], peers: list[Any],
+                          aliases: dict[str, str] | None = None) -> dict[str, Any]:
+    """/v1/models: every model a local engine or a usable peer lists, then each model alias
+    (``owned_by: hub-pool-alias``), so a client that picks its model from this list (Claude
+    Code's gateway discovery keeps ids containing "claude") can pick an alias too."""
     data, seen = [], set()
     for b in backends:
         for m in b.snapshot.result.models:
@@ -309,6 +316,11 @@ def openai_models_payload(backends: list[LocalBackend], peers: list[Any]) -> dic
         if key not in seen:  # a peer publishes names only: nothing else is invented
             seen.add(key)
             data.append({"id": model, "object": "model", "created": 0, "owned_by": "hub-pool"})
+    for alias in aliases or {}:
+        key = fold_model_id(alias)
+        if key not in seen:
+            seen.add(key)
+            data.append({"id": alias, "object": "model", "created": 0, "owned_by": ALIAS_OWNER})
     return {"object": "list", "data": data}
 
 
@@ -344,13 +356,15 @@ async def _listing(request: Request, payload_of: Any, key: str) -> Response:
         return refused
     backends, peers = await _listing_sources(request)
     payload = payload_of(backends, peers)
-    if not backends and not payload[key]:
+    # an alias is not a model: a pool with nothing listed still says so (spec: the listings)
+    if not backends and not [m for m in payload[key] if m.get("owned_by") != ALIAS_OWNER]:
         return _error(502, "No local engine answered, and no connected peer lists a model")
     return JSONResponse(payload)
 
 
 async def list_openai_models(request: Request) -> Response:
-    return await _listing(request, openai_models_payload, "data")
+    aliases = request.app.state.node.settings.current.poolModelAliases
+    return await _listing(request, lambda b, p: openai_models_payload(b, p, aliases), "data")
 
 
 async def list_native_tags(request: Request) -> Response:

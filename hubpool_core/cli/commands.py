@@ -246,4 +246,5 @@ def _store_failure(exc: BaseException) -> tuple[str | None, int]:
 from hubpool_core.cli import status_commands, log_commands, pin_commands, pairing_commands  # noqa: E402,F401,I001
 from hubpool_core.cli import advice_commands  # noqa: E402,F401
 from hubpool_core.cli import bench_commands  # noqa: E402,F401
+from hubpool_core.cli import alias_commands  # noqa: E402,F401
 from hubpool_core.cli import service_commands  # noqa: E402,F401

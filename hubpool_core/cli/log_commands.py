@@ -33,14 +33,17 @@ def cells(e: dict[str, Any]) -> list[str]:
     def num(v: Any) -> str:
         return "-" if v is None else str(v)
 
-    return [when(e.get("at")), "in" if e.get("direction") == "inbound" else "out", e.get("model") or "-",
+    model = e.get("model") or "-"
+    if e.get("requestedModel"):  # an alias or auto: both names, the one asked first
+        model = f"{e['requestedModel']}→{model}"
+    return [when(e.get("at")), "in" if e.get("direction") == "inbound" else "out", model,
             e.get("node") or "-", f"{e.get('attempt', 0)}/{e.get('candidates', 0)}", num(e.get("durationMs")),
             num(e.get("totalMs")), outcome(e)]
 
 
 #: the columns --csv writes, in order (the whole row is in --json)
 CSV_FIELDS = ("at", "id", "direction", "path", "model", "node", "backend", "attempt", "candidates", "outcome",
-              "status", "durationMs", "totalMs", "reason", "failedOverFrom", "clientClosed")
+              "status", "durationMs", "totalMs", "reason", "failedOverFrom", "clientClosed", "requestedModel")
 HISTORY_MAX_LIMIT = 10_000
 
 

@@ -10,6 +10,8 @@
   engines last.
 - ``pins.py``: operator pins — which applies, and moving its node to the front.
 - ``auto.py``: what the ``auto`` alias stands for across the pool.
+- ``aliases.py``: model aliases (``poolModelAliases``), for names no node serves.
+- ``sessions.py``: which session a request belongs to, from the ids agents send.
 - ``throughput.py``: measured throughput, the evidence the throughput stages read.
 - ``speed.py``: what predicted time to first token reads: measured speed, load times,
   residency, the slots a candidate runs (hubpool's own, docs/placement.md).

@@ -20,8 +20,9 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from hubpool_core.models_ids import fold_model_id
-from hubpool_core.placement.auto import AUTO, AUTO_NOTHING, resolve_auto
+from hubpool_core.models_ids import fold_model_id, same_model
+from hubpool_core.placement.aliases import alias_target
+from hubpool_core.placement.auto import AUTO, AUTO_NOTHING, pool_offers, resolve_auto
 from hubpool_core.placement.candidates import Candidate, build_candidates, usable_peers
 from hubpool_core.placement.load import Load
 from hubpool_core.placement.pins import find_pin, pin_matches, pin_note
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
     from hubpool_core.engine import Engine
     from hubpool_core.stage import Stage
 
+#: names the model the app asked for when an alias or ``auto`` placed another
+REQUESTED_HEADER = "X-Hub-Pool-Model-Requested"
 #: the 502's last sentence when a local engine did not answer its probe
 PROBE_SILENT = (" Some local engines did not answer their probe: localBackends shows what this node "
                 "saw of each, and probedMsAgo how old that answer is.")
@@ -109,6 +112,9 @@ class Plan:
     pin_note: str | None = None
     #: the no-candidate 502's message when ``candidates`` is empty, else None
     diagnosis: str | None = None
+    #: the model the app asked for when it is not ``model`` (``auto``, or a name an alias
+    #: resolved), else None
+    requested: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,12 +171,19 @@ async def place(snapshot: NodeSnapshot, request: PlacementRequest) -> Plan | NoA
     request's own; the plan carries it and the re-encoded bytes)."""
     settings = snapshot.settings
     body, raw, model = request.body, request.raw, request.model
+    aliased = alias_target(settings.poolModelAliases, model, lambda m: _pool_lists(snapshot, m))
+    if aliased is not None:
+        model = aliased[0]
+        if model != AUTO:
+            body["model"] = model
+            raw = json.dumps(body).encode()
     if model == AUTO:
         resolved = resolve_auto(snapshot.backends, snapshot.peers, settings.inferenceModel, snapshot.unservable)
         if resolved is None:
             return NO_AUTO_MODEL
         body["model"] = model = resolved
         raw = json.dumps(body).encode()
+    requested = request.model if model != request.model else None
     estimated = -(-len(raw) // 4)
     budget = snapshot.budgets.forward_ms(estimated, request.stream)
     folded = fold_model_id(model)
@@ -187,6 +200,8 @@ async def place(snapshot: NodeSnapshot, request: PlacementRequest) -> Plan | NoA
                            session_header=request.session_header, session_source=request.session_source,
                            judged=route in JUDGED_ROUTES)
     ctx.scratch["budget_ms"] = budget
+    if requested is not None:
+        ctx.response_headers[REQUESTED_HEADER] = requested
     pins = settings.poolPins
     pin = find_pin(pins, model)
     if pin is not None:
@@ -199,7 +214,14 @@ async def place(snapshot: NodeSnapshot, request: PlacementRequest) -> Plan | NoA
                                    withheld=lambda c: withheld((c.node, c.backend, folded)))
     note = pin_note(pin) if pin is not None and sections.get("pin") else None
     diagnosis = None if ordered else no_candidate_message(model, note, snapshot.backends)
-    return Plan(model, body, raw, estimated, budget, ordered, sections, ctx, note, diagnosis)
+    return Plan(model, body, raw, estimated, budget, ordered, sections, ctx, note, diagnosis, requested)
+
+
+def _pool_lists(snapshot: NodeSnapshot, model: str) -> bool:
+    """Whether a node of the pool lists ``model`` (this node's engines, healthy or not, and
+    every usable peer's inventory): an alias never takes a model a node serves."""
+    return any(b.lists(model) for b in snapshot.backends) or any(
+        same_model(m, model) for m in pool_offers([], snapshot.peers))
 
 
 def place_inbound(snapshot: NodeSnapshot, request: PlacementRequest, backend_kind: str) -> InboundPlan:

@@ -7,7 +7,12 @@
 - ``hangup.py``: watching the app's connection, and awaiting upstream work a hang-up stops.
 - ``verdicts.py``: an engine's 500 that is a verdict on the request: read, settled, sent.
 - ``failover.py``: which statuses fail over, the passed-over record, the 502 when all failed.
-- ``pump.py``: committing to an answer and passing its bytes as they arrive.
+- ``pump.py``: holding a stream to its first real content, committing to an answer and
+  passing its bytes as they arrive.
+- ``content.py``: what a stream's frames say: real content or not, keep-alives, generated text.
+- ``front.py``: the app's side of a waiting stream: keep-alives, and the dialect's error event.
+- ``watch.py``, ``loops.py``: a committed stream's stall timer and loop rule, and its ending.
+- ``resume.py``: continuing a cut stream on the next candidate, spliced into the same stream.
 - ``judge.py``: what a judged answer does to its engine's withhold, and throughput samples.
 - ``output_check.py``: judging a 200 that may not be an answer.
 - ``translate.py``: the translator interface and which one a request needs; native (NDJSON)

@@ -1,7 +1,8 @@
 """The failover decisions: whether an answer's status sends the walk on to the next candidate
 (and what a peer's refusal says about the pairing), how a passed-over candidate is recorded,
-and the 502 the app gets when every candidate failed. It is separate so the rules for which
-statuses fail over can be read and tested apart from the walk that follows them.
+and the 502 the app gets when every candidate failed (in an agent dialect's own error shape).
+It is separate so the rules for which statuses fail over can be read and tested apart from the
+walk that follows them.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from typing import Any
 import aiohttp
 from starlette.types import Send
 
+from hubpool_core.engine import AGENT_DIALECTS
 from hubpool_core.placement import Candidate
 from hubpool_core.proxy.attempt import Failed
 from hubpool_core.proxy.plan import RelayPlan
+from hubpool_core.proxy.translate import dialect_error
 
 log = logging.getLogger("hubpool.relay")
 
@@ -55,7 +58,15 @@ def fails_over(node: Any, plan: RelayPlan, cand: Candidate, upstream: aiohttp.Cl
     return True
 
 
-def passed_over(plan: RelayPlan, cand: Candidate, failure: Failed) -> None:
+def passed_over(plan: RelayPlan, cand: Candidate, failure: Failed, last: bool = False) -> None:
+    """Record a candidate the walk passed over for the next one: ``failedOverFrom``, its
+    ``attempts`` entry and one "failover" log line. The ``last`` candidate was passed over
+    for nothing: the walk ran out there, which is not a failover (the row's reason and the
+    answer say how it ended), so only a line saying so is logged."""
+    if last:
+        log.warning("no candidate left for %s: %s (%s) failed: %s", plan.model, cand.node, cand.backend,
+                    failure.reason)
+        return
     row = plan.row
     row["failedOverFrom"].append(cand.node)
     row["attempts"].append({"node": cand.node, "backend": cand.backend, "status": failure.status,
@@ -82,4 +93,7 @@ async def exhausted(node: Any, plan: RelayPlan, send: Send, failures: list[Faile
     headers = [(b"content-type", b"application/json"), (b"x-hub-pool-request-id", row["id"].encode())]
     headers += [(k.lower().encode(), v.encode()) for k, v in plan.context_headers().items()]
     await send({"type": "http.response.start", "status": 502, "headers": headers})
-    await send({"type": "http.response.body", "body": json.dumps({"error": message}).encode()})
+    body = json.dumps({"error": message}).encode()  # the spec's shape on the OpenAI and Ollama routes
+    if plan.dialect in AGENT_DIALECTS:  # an agent's SDK reads only its own dialect's error object
+        body = dialect_error(plan.dialect, 502, body)
+    await send({"type": "http.response.body", "body": body})

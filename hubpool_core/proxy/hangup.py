@@ -8,6 +8,7 @@ upstream (the attempt, the verdict read, the output judge, the pump) waits throu
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
@@ -77,3 +78,18 @@ class Hangup:
             raise ClientGone() from None
         finally:
             self.waiting = False
+
+
+def settle_hangup(node: Any, plan: Any, cand: Any, started: float,
+                  upstream: aiohttp.ClientResponse | None = None) -> None:
+    """The spec's hang-up row for an app that left before anything was relayed: failed, no
+    status, ``clientClosed``, the node it was waiting on, and how long it waited. ``upstream``:
+    the engine had sent its headers (the walk was reading a 500's verdict or a body to judge);
+    its connection is closed, not released, so the engine stops too."""
+    if upstream is not None:
+        upstream.close()
+    waited = int((time.monotonic() - started) * 1000)
+    answered = "" if upstream is None else f" (its HTTP {upstream.status} was still being read)"
+    node.routing_log.touch(plan.row, outcome="failed", status=None, clientClosed=True, durationMs=waited,
+                           reason=f"the app closed its connection after {waited} ms; {cand.node} had not "
+                                  f"answered yet{answered}")

@@ -65,6 +65,8 @@ class RelayPlan:
     span: Any = None
     #: the admission queue already counted the first candidate in the load (its reservation)
     reserved: bool = False
+    #: a stream that may be resumed on the next candidate (proxy/resume.py), else None
+    resume: Any = None
 
     def context_headers(self) -> dict[str, str]:
         return dict(getattr(self.context, "response_headers", None) or {})

@@ -12,6 +12,7 @@ its own module, and the walk only decides between them.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from typing import Any
@@ -24,12 +25,14 @@ from hubpool_core.engine import AGENT_DIALECTS, RESPONSES
 from hubpool_core.models_ids import fold_model_id
 from hubpool_core.proxy.attempt import Failed, send_attempt, transport_code
 from hubpool_core.proxy.failover import exhausted, fails_over, passed_over
-from hubpool_core.proxy.hangup import ClientGone, Hangup
+from hubpool_core.proxy.front import Front, keepalive_eligible
+from hubpool_core.proxy.hangup import ClientGone, Hangup, settle_hangup
 from hubpool_core.proxy.judge import clean, output_fault, read_whole, sample, unservable
-from hubpool_core.proxy.output_check import COMPLETION_ROUTES, judge_whole
+from hubpool_core.proxy.output_check import COMPLETION_ROUTES, TRUNCATED, judge_whole
 from hubpool_core.proxy.plan import STREAM_TYPES, RelayPlan
-from hubpool_core.proxy.pump import commit
+from hubpool_core.proxy.pump import commit, hold
 from hubpool_core.proxy.response_homes import response_id
+from hubpool_core.proxy.resume import RESUMABLE_ROUTES, Resume
 from hubpool_core.proxy.translate import dialect_error, judged_dialect
 from hubpool_core.proxy.verdicts import (
     Verdict,
@@ -40,6 +43,7 @@ from hubpool_core.proxy.verdicts import (
     settle_at_end,
     settle_verdict,
 )
+from hubpool_core.proxy.watch import resume_ending
 
 log = logging.getLogger("hubpool.relay")
 
@@ -61,10 +65,14 @@ class RelayResponse(Response):
             send = self.node.tracer.watch(span, send)
         watcher = asyncio.ensure_future(hangup.watch(receive))
         started = time.monotonic()
+        every = self.node.settings.current.poolStreamKeepAliveMs
+        front = Front(self.plan, send, every, hangup.gone) if keepalive_eligible(self.plan, every) else None
         try:
-            await walk(self.node, self.plan, hangup, send, started)
+            await walk(self.node, self.plan, hangup, front or send, started)
         finally:
             watcher.cancel()
+            if front is not None:
+                await front.close()
             row = self.plan.row
             if row["totalMs"] is None:
                 row["totalMs"] = int((time.monotonic() - started) * 1000)
@@ -90,6 +98,13 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
     failures: list[Failed] = []
     pending: Verdict | None = None
     judged = plan.route in COMPLETION_ROUTES  # the leaf judges the same bytes as the entry node
+    # a stream is committed at its first real content, on the node the app asked (a leaf
+    # serving a forward relays at once: the entry node holds and judges those same bytes)
+    first_token = judged and plan.inbound_from is None and bool(node.settings.current.poolStreamFirstToken)
+    if (node.settings.current.poolStreamResume and judged and plan.stream and plan.inbound_from is None
+            and plan.route in RESUMABLE_ROUTES):
+        plan.resume = Resume(plan.dialect)
+    resume = plan.resume
     # the current attempt's trace span (set only when the plan has a span)
     attempt_span: Any = None
     for attempt, cand in enumerate(plan.candidates, start=1):
@@ -111,15 +126,10 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
             try:
                 upstream, translator = await send_attempt(node, plan, cand, hangup, attempt_started, attempt_span)
             except ClientGone:
-                waited = int((time.monotonic() - started) * 1000)
-                log_.touch(row, outcome="failed", status=None, clientClosed=True, durationMs=waited,
-                           reason=f"the app closed its connection after {waited} ms; {cand.node} had not "
-                                  "answered yet")
+                settle_hangup(node, plan, cand, started)
                 return
             except TimeoutError:
-                if plan.stream and plan.route in COMPLETION_ROUTES:
-                    node.throughput.record_deadline_miss(cand.node, cand.backend, fold_model_id(plan.model),
-                                                         plan.estimated_tokens, plan.budget_ms)
+                _deadline_missed(node, plan, cand)
                 raise Failed(None, f"No response headers within {plan.budget_ms}ms", deadline=True) from None
             except aiohttp.ClientError as exc:
                 raise Failed(None, f"fetch failed ({transport_code(exc)})") from None
@@ -128,8 +138,9 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
                 fresh = upstream.headers.get("x-hub-pool-in-flight", "")
                 if fresh.isdigit() and len(fresh) < 7:
                     load.note_fresh(cand.peer_id, int(fresh))
+            continuing = resume is not None and resume.continuing
             if status == 500 and (cand.is_local or "x-hub-pool-backend" in upstream.headers) \
-                    and plan.inbound_from is None:
+                    and plan.inbound_from is None and not continuing:
                 verdict = await read_verdict(node, plan, cand, upstream, hangup)
                 if verdict is not None and plan.dialect in AGENT_DIALECTS:
                     # an agent reads its own dialect's error shape (the engine may have been asked
@@ -153,6 +164,9 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
             if plan.inbound_from is not None and cand.is_local and status >= 500:
                 held = await served_forward_failed(node, plan, cand, upstream, hangup)
             streamed = any(t in upstream.headers.get("Content-Type", "") for t in STREAM_TYPES)
+            if continuing and (status != 200 or not streamed):
+                upstream.release()  # only a stream can continue the app's stream
+                raise Failed(status, f"HTTP {status}" if status != 200 else "HTTP 200 (not a stream)")
             if judged and status == 200 and not streamed:
                 held = await read_whole(upstream, hangup)
                 fault = judge_whole(judged_dialect(plan.dialect, translator), held) if held is not None else None
@@ -165,6 +179,22 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
                     plan.row_fault = fault
                 else:
                     clean(node, plan.model, cand)
+            elif first_token and status == 200 and streamed:
+                try:
+                    held = await hold(plan, hangup, upstream, translator, attempt_started)
+                except ClientGone:
+                    settle_hangup(node, plan, cand, started, upstream)
+                    return
+                except TimeoutError:
+                    upstream.close()
+                    _deadline_missed(node, plan, cand)
+                    raise Failed(None, f"no first token within {plan.budget_ms}ms", deadline=True) from None
+                except Failed as failure:
+                    upstream.close()
+                    output_fault(node, plan.model, cand, TRUNCATED)
+                    raise failure
+            if resume is not None:
+                resume.more = attempt < total
             try:
                 judge = await commit(node, plan, hangup, send, upstream, cand, translator, started, held=held,
                                      judged=judged)
@@ -173,15 +203,25 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
                     rid = response_id(first, whole=held is not None)
                     if rid is not None:  # a follow-up naming it can only go on there
                         node.response_homes.remember(rid, cand)
-                if judged and status == 200 and row["outcome"] == "served":
+                if judged and status == 200 and row["outcome"] == "served" and resume is None:
                     sample(node, plan, cand, attempt_started, held, judge, alone=alone, cold=cold)
             finally:
                 load.release(cand.peer_id, work)
                 released = True
+            if resume is not None and resume.cut is not None:
+                if _continue(plan, resume):
+                    continue  # the next candidate continues the answer
+                await send({"type": "http.response.body", "more_body": False,
+                            "body": resume_ending(plan, "its token budget is spent")})
+            return
+        except ClientGone:
+            # after the engine's headers, before anything reached the app (a 500's verdict or
+            # a body to judge being read): the same hang-up row, and the engine is let go
+            settle_hangup(node, plan, cand, started, upstream)
             return
         except Failed as failure:
             failures.append(failure)
-            passed_over(plan, cand, failure)
+            passed_over(plan, cand, failure, last)
             if cand.local is not None:
                 node.local.invalidate(cand.local.engine)
         finally:
@@ -190,6 +230,12 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
             if plan.span is not None:
                 node.tracer.end_attempt(attempt_span, row, attempt)
     observe(plan, "exhausted")
+    if resume is not None and resume.continuing:
+        # the app's stream is open: no status can be sent now, only the dialect's error event
+        why = failures[-1].reason if failures else "no candidate left"
+        node.routing_log.touch(row, outcome="failed", reason=f"resume failed: {why}")
+        await send({"type": "http.response.body", "body": resume_ending(plan, why), "more_body": False})
+        return
     if failures and failures[-1].verdict is not None:
         # no candidate left to ask: a verdict waiting for a second node is returned anyway
         last_verdict = failures[-1].verdict
@@ -197,3 +243,23 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
         await send_verdict(node, plan, send, last_verdict, basis, confirms, started)
         return
     await exhausted(node, plan, send, failures, started)
+
+
+def _deadline_missed(node: Any, plan: RelayPlan, cand: Any) -> None:
+    """A streamed completion ran out of its first-byte budget: throughput evidence."""
+    if plan.stream and plan.route in COMPLETION_ROUTES:
+        node.throughput.record_deadline_miss(cand.node, cand.backend, fold_model_id(plan.model),
+                                             plan.estimated_tokens, plan.budget_ms)
+
+
+def _continue(plan: RelayPlan, resume: Resume) -> bool:
+    """Make the plan's request the continuation of the answer the app has; False when there
+    is nothing left to ask for (its token budget is spent)."""
+    resume.cut = None
+    try:
+        body = resume.body(plan.dialect, plan.route, plan.body)
+    except (ValueError, TypeError, AttributeError):
+        return False
+    plan.body, plan.raw = body, json.dumps(body).encode()
+    resume.start_continuation()
+    return True

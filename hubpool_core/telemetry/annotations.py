@@ -57,6 +57,16 @@ def annotations(e: dict[str, Any]) -> list[str]:
             notes.append(f"{who} mid-answer after {e.get('totalMs')} ms — not a routing failure")
     if e.get("requestError"):
         notes.append(request_error_text(e))
+    for cut in e.get("resumedFrom") or []:
+        if isinstance(cut, dict):
+            notes.append(f"resumed: {cut.get('node')}'s {cut.get('backend')} was cut at {cut.get('atChars')} "
+                         f"characters ({cut.get('reason')}); the next candidate continued the same stream")
+    if e.get("keepAlive"):
+        notes.append("kept alive: the app had its 200 and keep-alives before any node answered")
+    if e.get("requestedModel"):
+        asked = e["requestedModel"]
+        how = "auto" if asked == "auto" else "a model alias (poolModelAliases): no node serves that name"
+        notes.append(f"asked for {asked}, placed as {e.get('model')} — {how}")
     pin = e.get("pin")
     if pin:
         scope = "a model pin" if pin.get("scope") == "model" else "the default pin"

@@ -41,6 +41,7 @@ ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings",
 DIRECTIONS = frozenset({"outbound", "inbound"})
 OUTCOMES = frozenset({"served", "failed"})
 REASON_KINDS = ("http_5xx", "http_4xx", "deadline", "transport", "output_fault", "verdict", "other")
+RESUME_KINDS = ("stalled", "degenerate-loop", "truncated-upstream", "other")
 PROBE_KINDS = ("unreachable", "unauthorized", "identity_changed", "own_identity")
 #: peers whose health the poller follows (a pending pairing request is nobody's peer yet)
 PAIRED = ("connected", "unreachable")
@@ -54,8 +55,8 @@ def reason_kind(attempt: dict[str, Any]) -> str:
     """The closed kind of one passed-over attempt (routing-log ``attempts[]``)."""
     reason = r if isinstance(r := attempt.get("reason"), str) else ""
     status = s if isinstance(s := attempt.get("status"), int) else None
-    if reason.startswith("No response headers within"):
-        return "deadline"
+    if reason.startswith(("No response headers within", "no first token within")):
+        return "deadline"  # no headers, or headers and nothing real (docs/reliability.md)
     if reason.startswith("fetch failed") or reason.startswith(TRUNCATED + " ("):
         return "transport"  # no answer, or the connection dropped while the body was read
     if reason.startswith("HTTP 500 ("):
@@ -99,6 +100,8 @@ class NodeMetrics:
         self._seen: OrderedDict[tuple[Any, ...], None] = OrderedDict()
         self.requests: dict[tuple[str, str, str, str], int] = {}
         self.failovers: dict[str, int] = dict.fromkeys(REASON_KINDS, 0)
+        #: streams continued on another candidate (poolStreamResume), by what cut them
+        self.resumes: dict[str, int] = {}
         self.to_headers: dict[tuple[str, str], _Histogram] = {}
         self.duration: dict[tuple[str, str], _Histogram] = {}
         self.registry.register(self)
@@ -133,6 +136,11 @@ class NodeMetrics:
             self.requests[labels] = self.requests.get(labels, 0) + 1
             for kind in kinds:
                 self.failovers[kind] += 1
+            for cut in row.get("resumedFrom") or [] if direction == "outbound" else []:
+                reason = cut.get("reason") if isinstance(cut, dict) else None
+                kind = str(reason).split(" ", 1)[0] if reason else "other"
+                kind = kind if kind in RESUME_KINDS else "other"
+                self.resumes[kind] = self.resumes.get(kind, 0) + 1
             for field, series in (("durationMs", self.to_headers), ("totalMs", self.duration)):
                 ms = row.get(field)
                 if isinstance(ms, (int, float)) and ms >= 0:
@@ -144,6 +152,7 @@ class NodeMetrics:
         with self._lock:
             requests = dict(self.requests)
             failovers = dict(self.failovers)
+            resumes = dict(self.resumes)
             to_headers = {k: (h.buckets(), h.sum) for k, h in self.to_headers.items()}
             duration = {k: (h.buckets(), h.sum) for k, h in self.duration.items()}
         m = CounterMetricFamily("hubpool_requests", "Routed requests settled on this node (one per routing-log row)",
@@ -155,6 +164,11 @@ class NodeMetrics:
                                 "by the kind of failure", labels=["reason_kind"])
         for kind in REASON_KINDS:
             m.add_metric([kind], failovers[kind])
+        yield m
+        m = CounterMetricFamily("hubpool_stream_resumes", "Streams cut mid-answer and continued on another candidate "
+                                "(poolStreamResume), by what cut them", labels=["reason"])
+        for kind in RESUME_KINDS:
+            m.add_metric([kind], resumes.get(kind, 0))
         yield m
         for name, doc, data in (
                 ("hubpool_time_to_headers_seconds", "Time until the answer's headers were sent (routing-log "

@@ -26,6 +26,8 @@ ROW_KEYS: tuple[str, ...] = (
     # the spec's reason a local load was refused on a row served there anyway: hubpool has no
     # memory manager, so nothing refuses a load and it is always null (kept for the contract)
     "localLoadRefused",
+    # hubpool's own: the model the app asked for when an alias or `auto` placed another, else null
+    "requestedModel",
 )
 _INDEX = {key: i for i, key in enumerate(ROW_KEYS)}
 _LIST_FIELDS = (_INDEX["failedOverFrom"], _INDEX["attempts"])

@@ -151,7 +151,9 @@ def settings_schema() -> list[dict[str, Any]]:
         for meta in field.metadata:
             lo = getattr(meta, "ge", lo)
             hi = getattr(meta, "le", hi)
-        kind = "bool" if field.annotation is bool else ("text" if key == "inferenceModel" else "int")
+        origin = getattr(field.annotation, "__origin__", None)
+        kind = "bool" if field.annotation is bool else "text" if key == "inferenceModel" else \
+            "map" if origin is dict else "list" if origin is list else "int"
         label, words = SETTING_WORDS.get(key, (key, ""))
         out.append({"key": key, "label": label, "words": words,
                     "kind": kind, "min": lo, "max": hi, "nullable": field.default is None,

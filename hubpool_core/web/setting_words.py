@@ -84,6 +84,26 @@ SETTING_WORDS: dict[str, tuple[str, str]] = {
     "poolRouteAppsAlways": (
         "Send apps through the pool even with no peer",
         "Off: while no peer is connected, the client handout points apps straight at this node's engines."),
+    "poolStreamFirstToken": (
+        "Hold a stream until its first real token",
+        "1: an answer reaches the app only once its engine sends real content, so an engine that sends "
+        "headers and then nothing is passed over within the first-byte deadline. 0 commits at the headers."),
+    "poolStreamKeepAliveMs": (
+        "Keep a waiting agent stream alive every (ms)",
+        "A streamed agent or chat request with no answer yet gets its headers after this long and a "
+        "keep-alive at this cadence, so the client's idle timeout does not cut a long prompt. 0 is off."),
+    "poolStreamStallMs": (
+        "End a stream silent mid-answer after (ms)",
+        "An answer that has started and then sends nothing new for this long is ended with the app's "
+        "error event and counted against its engine. 0 waits forever."),
+    "poolStreamLoopGuard": (
+        "End an answer that loops",
+        "1: an answer whose text repeats one passage back to back (600 characters, four times or more) is "
+        "ended and counted against its engine. 0 lets it run."),
+    "poolStreamResume": (
+        "Resume a cut answer on another node",
+        "1: an answer cut mid-way (its node gone, stalled or looping) is continued by the next node from "
+        "where it stopped, in the same stream. 0 never moves an answer that has started."),
     "maxNumCtx": (
         "Context window cap (tokens)",
         "The largest context window this node runs a model at; larger requests are sent to a node without "
@@ -95,6 +115,10 @@ SETTING_WORDS: dict[str, tuple[str, str]] = {
     "inferenceModel": (
         "Model for \u201cauto\u201d",
         "The model a request for auto gets, wherever in the pool it is served. Empty: none chosen."),
+    "poolModelAliases": (
+        "Model aliases (name or pattern = model)",
+        "A model name no Hub serves, or a pattern such as claude-*, and the model it runs on instead "
+        "(or auto). One per line. Claude Code's background model is a claude-… name."),
     "pluginsDisabled": (
         "Plugins switched off",
         "Plugins by name that this node does not load; takes effect at the next start."),

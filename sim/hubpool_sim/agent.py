@@ -32,7 +32,7 @@ from hubpool_sim.config import SimConfig
 from hubpool_sim.engine import Engine, Generation
 from hubpool_sim.replies import call_of, drop_connection, engine_of, finish_json, json_reply, open_stream, unknown_model
 from hubpool_sim.script import answer_limit, calls_for
-from hubpool_sim.text import count_or_none, count_tokens
+from hubpool_sim.text import continuation, count_or_none, count_tokens
 from hubpool_sim.tools import ToolCall
 
 MESSAGES, COUNT_TOKENS, RESPONSES, RERANK = "/v1/messages", "/v1/messages/count_tokens", "/v1/responses", "/v1/rerank"
@@ -97,10 +97,12 @@ def _sse(event: str, payload: dict[str, Any]) -> bytes:
     return f"event: {event}\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
 
 
-def _generate(request: web.Request, model: Any, prompt: bytes, max_tokens: int | None) -> Generation:
+def _generate(request: web.Request, model: Any, prompt: bytes, max_tokens: int | None,
+              turns: list[tuple[Any, Any]]) -> Generation:
     engine = engine_of(request)
+    continued, seed = continuation(turns)
     return Generation(model, prompt, engine.config.tokens, answer_limit(engine.config, max_tokens),
-                      call_of(request).fault)
+                      call_of(request).fault, continued=continued, seed=seed, prose=engine.config.text == "prose")
 
 
 def _calls_allowed(gen: Generation) -> bool:
@@ -139,8 +141,8 @@ async def messages(request: web.Request) -> web.StreamResponse:
     if refused is not None:
         return refused
     engine = engine_of(request)
-    prompt = _prompt(body.get("system"), _messages_turns(body))
-    gen = _generate(request, model, prompt, count_or_none(body.get("max_tokens")))
+    turns = _messages_turns(body)
+    gen = _generate(request, model, _prompt(body.get("system"), turns), count_or_none(body.get("max_tokens")), turns)
     calls = calls_for(engine.config, body.get("tools"), body["messages"], _ends_in_tool_result(body["messages"])) \
         if _calls_allowed(gen) else []
     message_id = f"msg_{uuid.uuid4().hex[:24]}"
@@ -258,8 +260,9 @@ async def responses(request: web.Request) -> web.StreamResponse:
             return _error(request, 404, f"Response with id '{previous}' not found.")
         history = stored["_history"]
     conversation = history + items
-    prompt = _prompt(body.get("instructions"), _items_turns(conversation))
-    gen = _generate(request, model, prompt, count_or_none(body.get("max_output_tokens")))
+    turns = _items_turns(conversation)
+    prompt = _prompt(body.get("instructions"), turns)
+    gen = _generate(request, model, prompt, count_or_none(body.get("max_output_tokens")), turns)
     last = conversation[-1] if conversation else {}
     calls = calls_for(engine.config, body.get("tools"), conversation, last.get("type") == "function_call_output") \
         if _calls_allowed(gen) else []

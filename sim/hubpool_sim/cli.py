@@ -26,6 +26,9 @@ faults (--fault SPEC, SPEC = KIND[@[MODEL][:COUNT]]):
   hang               never sends headers
   drop               sends headers and some tokens, then resets the connection
   unauthorized       401 in the engine's shape
+  mute               headers and the stream's opening (a role-only chunk), then silence
+  stall              headers and half the tokens, then silence with the connection open
+  loop               one sentence repeated to the answer's length
   e.g. --fault drop   --fault error:503@:2   --fault verdict:no-user-query@qwen3:8b:1
 
 at runtime: GET /_sim/stats, POST|DELETE /_sim/faults, POST /_sim/reset, POST /_sim/config
@@ -61,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="delay the first request to a model not yet resident")
     parser.add_argument("--tokens", type=int, metavar="N",
                         help="tokens in an answer that sets no max_tokens / num_predict (default: 8)")
+    parser.add_argument("--text", choices=("tokens", "prose"),
+                        help='what answers say: "tok0 tok1 ..." (default) or prose seeded by the question')
     parser.add_argument("--embedding-dim", type=int, metavar="N", help="embedding vector length (default: 8)")
     parser.add_argument("--timings", action="store_true", default=None,
                         help="llamacpp: add llama-server's timings block")
@@ -77,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace) -> SimConfig:
     data: dict[str, Any] = read_config_file(args.config) if args.config else {}
     simple = ("flavor", "host", "port", "slots", "prefill_tps", "decode_tps", "decode_ms_per_token", "load_ms",
-              "tokens", "embedding_dim", "timings", "prompt_cache", "api_key")
+              "tokens", "embedding_dim", "timings", "prompt_cache", "api_key", "text")
     data.update({name: getattr(args, name) for name in simple if getattr(args, name) is not None})
     if args.model:
         data["models"] = [parse_model_spec(spec) for spec in args.model]

@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 FLAVOR_NAMES = ("ollama", "vllm", "llamacpp", "lemonade", "omlx")
+TEXT_KINDS = ("tokens", "prose")
 
 # Knobs a running server may change (POST /_sim/config), with their types; the rest shape
 # the engine's routes and stay put. None is allowed only where it means something.
 _RUNTIME_TYPES: dict[str, Any] = {
     "slots": int, "prefill_tps": float, "decode_tps": float, "decode_ms_per_token": float, "load_ms": float,
     "tokens": int, "embedding_dim": int, "prompt_cache": bool, "timings": bool, "api_key": str,
-    "time_scale": float, "sleeping": bool, "tool_script": list,
+    "time_scale": float, "sleeping": bool, "text": str, "tool_script": list,
 }
 RUNTIME_FIELDS = tuple(_RUNTIME_TYPES)
 _NULLABLE = ("decode_ms_per_token", "api_key", "sleeping", "tool_script")
@@ -158,6 +159,10 @@ class SimConfig:
     router: bool = False
     #: vllm: asleep (``GET /is_sleeping``; served only with this knob set at start or later)
     sleeping: bool | None = None
+    #: what an answer says: "tokens" ("tok0 tok1 …") or "prose" (words drawn from a hash of
+    #: the last user message: the same answer to the same question on every engine, so a
+    #: continuation elsewhere can be checked byte for byte)
+    text: str = "tokens"
     #: a scripted model: the tool calls a test names, step by step, then short answers
     #: (hubpool_sim/script.py); None is the default model
     tool_script: list[dict[str, dict[str, Any]]] | None = None
@@ -180,6 +185,8 @@ class SimConfig:
             raise ValueError("time_scale must be above 0")
         if self.decode_ms_per_token is not None and self.decode_ms_per_token < 0:
             raise ValueError("decode_ms_per_token cannot be negative")
+        if self.text not in TEXT_KINDS:
+            raise ValueError(f"text must be one of {', '.join(TEXT_KINDS)}")
         if int(self.tokens) < 1 or int(self.embedding_dim) < 1:
             raise ValueError("tokens and embedding_dim must be at least 1")
         for step in self.tool_script or []:

@@ -18,7 +18,15 @@ from typing import Any
 from hubpool_sim.config import SimConfig, SimModel
 from hubpool_sim.faults import Fault, FaultBook, coerce_fault
 from hubpool_sim.flavors import FLAVORS
-from hubpool_sim.text import common_prefix, count_tokens, token_text
+from hubpool_sim.text import (
+    UNUSED_TOKEN,
+    common_prefix,
+    continuation_point,
+    count_tokens,
+    loop_token,
+    prose_token,
+    token_text,
+)
 
 #: the shortest sleep a decode loop takes; shorter per-token delays are slept in batches
 MIN_SLEEP_S = 0.004
@@ -31,6 +39,11 @@ class Generation:
     Without a ``max_tokens`` the model answers ``natural_tokens`` tokens and stops ("stop");
     with one it runs to exactly that limit ("length"), so a test asks for a long stream by
     asking for many tokens. A "cut" or "drop" fault stops it at half.
+
+    ``continued`` is a trailing assistant message the request asks to continue: the answer
+    goes on from where that text ends in it (llama-server, Ollama and vLLM continue such a
+    message rather than start a new one), and a natural answer ends where it would have
+    without the interruption. ``seed`` picks the "prose" answer (``prose``).
     """
 
     model: SimModel
@@ -47,9 +60,13 @@ class Generation:
     load_s: float = 0.0
     prompt_s: float = 0.0
     decode_s: float = 0.0
+    continued: str = ""
+    seed: bytes = b""
+    prose: bool = False
 
     def __post_init__(self) -> None:
         self.context = self.context or self.model.window
+        self._offset, self._head = continuation_point(self.continued, self._full_token) if self.continued else (0, "")
 
     @property
     def prompt_tokens(self) -> int:
@@ -62,7 +79,9 @@ class Generation:
 
     @property
     def planned_tokens(self) -> int:
-        return self.natural_tokens if self.max_tokens is None else max(1, self.max_tokens)
+        if self.max_tokens is not None:
+            return max(1, self.max_tokens)
+        return max(1, self.natural_tokens - self._offset)
 
     @property
     def kind(self) -> str | None:
@@ -81,8 +100,19 @@ class Generation:
             return None
         return "stop" if self.max_tokens is None else "length"
 
+    def _full_token(self, index: int) -> str:
+        if self.kind == "loop":
+            return loop_token(index)
+        if self.prose:
+            return prose_token(self.seed, index)
+        return token_text(index)
+
     def token(self, index: int) -> str:
-        return token_text(index, unused=self.kind == "unused")
+        if self.kind == "unused":
+            return UNUSED_TOKEN
+        if index == 0 and self._head:
+            return self._head
+        return self._full_token(self._offset + index)
 
     def text(self) -> str:
         return "".join(self.token(i) for i in range(self.emitted_tokens))
@@ -334,10 +364,15 @@ class Engine:
             self.pool.release(slot)
 
     async def decode(self, gen: Generation) -> AsyncIterator[str]:
-        """The answer's tokens, one every ``token_delay_s``."""
+        """The answer's tokens, one every ``token_delay_s``. A "mute" generation goes silent
+        before its first token and a "stall" one after half of them, the connection left
+        open: both end only when the client hangs up (or the server stops)."""
         started = time.monotonic()
         owed = 0.0
+        silent_at = {"mute": 0, "stall": max(1, gen.emitted_tokens // 2)}.get(gen.kind or "")
         for index in range(gen.emitted_tokens):
+            if index == silent_at:
+                await asyncio.Event().wait()
             delay = self.config.token_delay_s * self.config.time_scale
             owed += delay
             # a scaled clock makes delays of a millisecond or less: those are slept in batches

@@ -20,9 +20,12 @@ from typing import Any
 from hubpool_sim.flavors import Flavor
 
 VERDICTS = ("no-user-query", "missing-messages", "invalid-message", "context-length", "chat-template")
-PLAIN_KINDS = ("cut", "unused", "hang", "drop", "unauthorized")
-# Only a generation has tokens to cut or to garble; these never fire on embeddings or listings.
-GENERATION_ONLY = ("cut", "unused")
+PLAIN_KINDS = ("cut", "unused", "hang", "drop", "unauthorized", "mute", "stall", "loop")
+# Only a generation has tokens to cut, garble, hold back or repeat; these never fire on
+# embeddings or listings.
+GENERATION_ONLY = ("cut", "unused", "mute", "stall", "loop")
+#: the faults that go silent with the connection open: they end when the client hangs up
+SILENT = ("mute", "stall")
 
 # spec: the engines' own sentences, so hubpool's verdict reader is tested on what it will meet.
 _VERDICT_TEXT: dict[str, dict[str, str]] = {

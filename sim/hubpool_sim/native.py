@@ -28,6 +28,7 @@ from hubpool_sim.replies import (
     unknown_model,
 )
 from hubpool_sim.text import (
+    continuation,
     count_or_none,
     count_tokens,
     embedding,
@@ -74,12 +75,16 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
     unload_after = body.get("keep_alive") in (0, "0", "0s")
     if chat:
         prompt, empty = messages_prompt(body.get("messages")), not body.get("messages")
+        turns = body.get("messages") if isinstance(body.get("messages"), list) else []
+        continued, seed = continuation([(m.get("role"), m.get("content")) for m in turns if isinstance(m, dict)])
     else:
         prompt, empty = plain_prompt(body.get("prompt"), body.get("system")), not body.get("prompt")
+        continued, seed = "", plain_prompt(body.get("prompt"))
     if empty:
         return _load_or_unload(engine, model, chat, context, unload_after)
 
-    gen = Generation(model, prompt, engine.config.tokens, num_predict, call_of(request).fault, context=context)
+    gen = Generation(model, prompt, engine.config.tokens, num_predict, call_of(request).fault, context=context,
+                     continued=continued, seed=seed, prose=engine.config.text == "prose")
     try:
         async with engine.serving(gen):
             if body.get("stream") is not False:

@@ -29,7 +29,15 @@ from hubpool_sim.replies import (
     unknown_model,
 )
 from hubpool_sim.script import answer_limit, calls_for
-from hubpool_sim.text import count_or_none, count_tokens, embedding, embedding_inputs, messages_prompt, plain_prompt
+from hubpool_sim.text import (
+    continuation,
+    count_or_none,
+    count_tokens,
+    embedding,
+    embedding_inputs,
+    messages_prompt,
+    plain_prompt,
+)
 from hubpool_sim.tools import ToolCall, chat_ends_in_tool_result
 
 
@@ -54,15 +62,18 @@ async def _complete(request: web.Request, *, chat: bool) -> web.StreamResponse:
             message = verdict_message("missing-messages", engine.flavor.name, window=model.window, prompt_tokens=0)
             return error_reply(request, 400, message)
         prompt = messages_prompt(body["messages"])
+        continued, seed = continuation([(m.get("role"), m.get("content")) for m in body["messages"]
+                                        if isinstance(m, dict)])
     else:
         prompt = plain_prompt(body.get("prompt"))
+        continued, seed = "", prompt
     max_tokens = count_or_none(body.get("max_completion_tokens", body.get("max_tokens")))
     refusal = context_overflow(engine.flavor, count_tokens(prompt), max_tokens or 0, model.window)
     if refusal:
         return json_reply(*refusal)
 
     gen = Generation(model, prompt, engine.config.tokens, answer_limit(engine.config, max_tokens),
-                     call_of(request).fault)
+                     call_of(request).fault, continued=continued, seed=seed, prose=engine.config.text == "prose")
     ids = {
         "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
         "object": "chat.completion.chunk" if chat else "text_completion",
@@ -96,6 +107,9 @@ async def _stream(
     request: web.Request, engine: Engine, gen: Generation, ids: dict[str, Any], *, chat: bool, include_usage: bool
 ) -> web.StreamResponse:
     response = await open_stream(request, "text/event-stream")
+    if chat and gen.kind == "mute":  # what llama-server sends at once: the role, no content
+        await response.write(sse({**ids, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                      "logprobs": None, "finish_reason": None}]}))
     index = 0
     async for token in engine.decode(gen):
         choice = _choice(chat, token, None, delta=True)

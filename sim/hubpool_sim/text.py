@@ -45,6 +45,18 @@ def messages_prompt(messages: Any) -> bytes:
     return "".join(parts).encode()
 
 
+def continuation(turns: list[tuple[Any, Any]]) -> tuple[str, bytes]:
+    """What a conversation asks of the answer: the text of a trailing assistant message to
+    continue ("" when the last turn is not the assistant's), and the last user message's
+    text, which seeds the "prose" answer (so the same question gets the same answer on every
+    engine, whichever dialect carried it)."""
+    continued = ""
+    if turns and turns[-1][0] == "assistant":
+        continued = _content_text(turns[-1][1])
+    seed = next((_content_text(content) for role, content in reversed(turns) if role == "user"), "")
+    return continued, seed.encode()
+
+
 def plain_prompt(prompt: Any, system: Any = None) -> bytes:
     """A completion or generate prompt (a string, or a list of them) as bytes."""
     if isinstance(prompt, list):
@@ -83,6 +95,66 @@ def token_text(index: int, *, unused: bool = False) -> str:
     if unused:
         return UNUSED_TOKEN
     return f"tok{index}" if index == 0 else f" tok{index}"
+
+
+#: the "prose" text's words: common English, so an answer reads like one and never repeats
+#: a span (the word after each is drawn from a hash of the seed and its position)
+_WORDS = (
+    "the of and to in is that it for as with was on be by this are from at or an have not which but "
+    "all can more one will its about their there when so some what time into only other new these two "
+    "may first any could like then than been most also through over such where after many those way "
+    "well much before must between each should under never because same while last might great old "
+    "year off come since against go came right used take three states himself few house use during "
+    "without again place around however home small found thought went say part once general high upon "
+    "school every point hand second river engine model answer pool node stream token window memory"
+).split()
+
+#: the "loop" fault's text: a short preamble, then one sentence over and over, which is what a
+#: small quantised model stuck in a loop streams
+LOOP_PREAMBLE = ("Let", " me", " think", " about", " this", ".")
+LOOP_SENTENCE = (" The", " answer", " is", " the", " same", " as", " the", " answer", ".")
+
+
+def prose_token(seed: bytes, index: int) -> str:
+    """The ``index``-th word of the deterministic prose answer to ``seed``."""
+    digest = hashlib.sha256(seed + index.to_bytes(4, "big")).digest()
+    word = _WORDS[int.from_bytes(digest[:2], "big") % len(_WORDS)]
+    if digest[2] < 20:
+        word += "."
+    elif digest[2] < 40:
+        word += ","
+    return word if index == 0 else " " + word
+
+
+def loop_token(index: int) -> str:
+    if index < len(LOOP_PREAMBLE):
+        return LOOP_PREAMBLE[index]
+    return LOOP_SENTENCE[(index - len(LOOP_PREAMBLE)) % len(LOOP_SENTENCE)]
+
+
+#: the furthest a continuation is looked for in the answer (tokens)
+MAX_CONTINUATION_TOKENS = 100_000
+
+
+def continuation_point(prefix: str, token: Any) -> tuple[int, str]:
+    """Where an answer whose tokens are ``token(i)`` continues after ``prefix`` (an
+    assistant message the engine is asked to continue): the index of the first token not
+    wholly in it, and what of that token is still to come ("" when the prefix ends on a
+    token's edge). Engines continue a trailing assistant message rather than start a new
+    one; this is what lets a test check a continuation byte for byte. A prefix that is not
+    the start of the answer continues after the tokens it does match."""
+    at, index = 0, 0
+    while at < len(prefix) and index < MAX_CONTINUATION_TOKENS:
+        piece = token(index)
+        rest = prefix[at:]
+        if rest.startswith(piece):
+            at += len(piece)
+            index += 1
+            continue
+        if piece.startswith(rest):  # the prefix ends inside this token
+            return index, piece[len(rest):]
+        break  # not this answer's text: go on after what matched
+    return index, ""
 
 
 def embedding(text: str, model: str, dim: int) -> list[float]:

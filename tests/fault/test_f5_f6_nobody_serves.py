@@ -63,9 +63,13 @@ def test_f5_plain_500s_everywhere_exactly_n_attempts_then_502(rig, report):
         logs = rig.logs()
         for op in history.ops:
             row = next(r for r in logs[op.entry] if r["id"] == op.rid)
-            assert row["candidates"] == 3 and len(row["attempts"]) == 3, row
-            assert {a["node"] for a in row["attempts"]} == {"local", *(rig.fqdns[n] for n in NAMES if n != op.entry)}
-            assert all(a["status"] == 500 for a in row["attempts"]), row["attempts"]
+            # two passed over for the next one; the walk ran out on the third, which is no
+            # failover (issue 26.19): the row names it, and its reason is that one's
+            assert row["candidates"] == 3 and row["attempt"] == 3 and len(row["attempts"]) == 2, row
+            assert row["failedOverFrom"] == [a["node"] for a in row["attempts"]], row
+            assert {row["node"], *(a["node"] for a in row["attempts"])} == \
+                {"local", *(rig.fqdns[n] for n in NAMES if n != op.entry)}, row
+            assert all(a["status"] == 500 for a in row["attempts"]) and row["reason"] == "HTTP 500", row
             assert row["requestError"] is None and row["outcome"] == "failed" and row["status"] == 502, row
         assert counts == [{n: 1 for n in NAMES}] * (2 * len(NAMES)), counts
         rec = reconcile(history, logs, rig.fqdns, ignore=before)

@@ -305,3 +305,32 @@ def test_the_pool_page_says_when_the_other_hub_was_not_told(browser, tmp_path):
         notice.get_by_text(f"{fqdn('hub-b')} was not told").wait_for()
         assert "stays pending there" in notice.inner_text()
         assert a.node.peers.all() == [] and b.node.peers.by_fqdn(fqdn("hub-a")).status == "pending"
+
+
+def test_the_settings_page_edits_model_aliases_and_list_settings(browser, tmp_path):
+    """Issue 25 item 3: the aliases are edited on the page, one `name = model` a line; a line
+    without `=` is refused on the page and nothing is written. The list settings (session
+    sources) show one entry a line and survive a save that did not touch them."""
+    with RunningNode(tmp_path / "n") as n:
+        page = new_page(browser)
+        sign_in(page, n)
+        page.goto(n.url + "/ui/pool")
+        aliases = page.get_by_label("Model aliases (name or pattern = model)")
+        aliases.wait_for()
+        page.wait_for_function("document.querySelector('[name=poolModelAliases]').value !== ''")
+        assert aliases.input_value() == "claude-* = auto"
+        sources = page.get_by_label("Where a conversation's id is read from")
+        assert sources.input_value().splitlines()[:2] == ["header:X-Hub-Pool-Session",
+                                                          "header:X-Claude-Code-Session-Id"]
+        aliases.fill("claude-* = auto\ngpt-5-codex")
+        page.get_by_role("button", name="Save settings").click()
+        error = page.locator("#settings-result.error")
+        error.wait_for()
+        assert "name = value" in error.inner_text()
+        assert n.node.settings.current.poolModelAliases == {"claude-*": "auto"}
+        aliases.fill("claude-* = auto\ngpt-5-codex = qwen3:8b")
+        page.get_by_role("button", name="Save settings").click()
+        page.get_by_text("Saved.").wait_for()
+        assert n.node.settings.current.poolModelAliases == {"claude-*": "auto", "gpt-5-codex": "qwen3:8b"}
+        assert n.node.settings.current.poolSessionSources[1] == "header:X-Claude-Code-Session-Id"
+        shoot(page, "pool-settings-aliases")

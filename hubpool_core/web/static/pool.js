@@ -211,6 +211,12 @@
           h("input", { type: "checkbox", id, name: f.key, "aria-describedby": described }),
           h("label", { for: id }, f.label), words, hint);
       }
+      if (f.kind === "list" || f.kind === "map") {
+        // one entry a line: a list's items, or a map's "name = value" pairs (model aliases)
+        return h("div", { class: "field" }, h("label", { for: id }, f.label), words,
+          h("textarea", { id, name: f.key, rows: 3, spellcheck: "false", "aria-describedby": described,
+            placeholder: f.kind === "map" ? "claude-* = auto" : null }), hint);
+      }
       return h("div", { class: "field" }, h("label", { for: id }, f.label), words,
         h("input", { id, name: f.key, type: f.kind === "int" ? "number" : "text", min: f.min, max: f.max,
           inputmode: f.kind === "int" ? "numeric" : null, placeholder: f.nullable ? "not set" : null,
@@ -224,6 +230,20 @@
         const el = form.elements[f.key];
         let v;
         if (f.kind === "bool") v = el.checked;
+        else if (f.kind === "list") v = lines(el.value);
+        else if (f.kind === "map") {
+          v = {};
+          for (const line of lines(el.value)) {
+            const at = line.indexOf("=");
+            if (at < 1) {
+              const out = $("settings-result");
+              out.className = "error";
+              out.textContent = f.label + ": write each entry as name = value (got \u201c" + line + "\u201d).";
+              return;
+            }
+            v[line.slice(0, at).trim()] = line.slice(at + 1).trim();
+          }
+        }
         else if (el.value.trim() === "") v = f.nullable ? null : undefined;
         else v = f.kind === "int" ? Number(el.value) : el.value.trim();
         if (v === undefined) continue;
@@ -250,8 +270,15 @@
     if (form.dataset.dirty || form.contains(document.activeElement)) return;  // never overwrite typing
     for (const f of schema.filter((x) => x.patchable)) {
       const el = form.elements[f.key], v = s.settings[f.key];
-      if (f.kind === "bool") el.checked = !!v; else el.value = v === null || v === undefined ? "" : v;
+      if (f.kind === "bool") el.checked = !!v;
+      else if (f.kind === "list") el.value = (v || []).join("\n");
+      else if (f.kind === "map") el.value = Object.entries(v || {}).map(([k, t]) => k + " = " + t).join("\n");
+      else el.value = v === null || v === undefined ? "" : v;
     }
+  }
+
+  function lines(text) {
+    return text.split("\n").map((l) => l.trim()).filter((l) => l);
   }
 
   const seen = {};
