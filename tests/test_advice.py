@@ -158,13 +158,21 @@ def test_the_agent_handouts_configure_claude_code_codex_and_opencode(node):
     (never an engine), asked with tools and a 32k floor (qwen3:8b's 32768 window fits it)."""
     import tomllib
 
-    claude = cli(node, "handout", "--agent", "claude-code", "--env")
+    claude = cli(node, "handout", "--agent", "claude-code", "--json")
     assert claude.returncode == 0, claude.stderr
-    env = dict(line.split("=", 1) for line in claude.stdout.splitlines())
+    setup = json.loads(claude.stdout)
+    env = setup["env"]
     assert env["ANTHROPIC_BASE_URL"] == node.url and env["ANTHROPIC_MODEL"] == "qwen3:8b"
-    assert env["ANTHROPIC_DEFAULT_HAIKU_MODEL"] == env["ANTHROPIC_DEFAULT_SONNET_MODEL"] == "qwen3:8b"
     assert env["ANTHROPIC_AUTH_TOKEN"] and env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
     assert env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "8192"  # a quarter of the window, not Claude Code's 32000
+    # the default alias claude-* -> auto resolves Claude Code's background model: no variable for it
+    assert "ANTHROPIC_DEFAULT_HAIKU_MODEL" not in env and any("'claude-*'" in n for n in setup["notes"])
+    with node.client(headers=node.headers()) as c:
+        assert c.patch(P + "/settings", json={"poolModelAliases": {}}).status_code == 200
+    bare = cli(node, "handout", "--agent", "claude-code", "--env")
+    env = dict(line.split("=", 1) for line in bare.stdout.splitlines())
+    assert env["ANTHROPIC_DEFAULT_HAIKU_MODEL"] == env["ANTHROPIC_DEFAULT_SONNET_MODEL"] == "qwen3:8b"
+    assert env["CLAUDE_CODE_SUBAGENT_MODEL"] == "qwen3:8b"
 
     codex = json.loads(cli(node, "handout", "--agent", "codex", "--json").stdout)
     (config,) = codex["files"]

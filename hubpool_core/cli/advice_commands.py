@@ -11,6 +11,9 @@ from hubpool_core.cli.client import NodeError
 from hubpool_core.cli.commands import JsonOption, UrlOption, _client, _fail, app, out
 from hubpool_core.placement.handout import AGENT_MIN_CONTEXT, AGENTS, agent_setup
 
+#: how /v1/models marks a model alias (api/inference.py)
+ALIAS_OWNER = "hub-pool-alias"
+
 MARK = {"ready": "✓", "warning": "!", "needs action": "✗"}
 
 
@@ -54,7 +57,7 @@ def handout(tools: bool = typer.Option(False, "--tools", help="The client needs 
     except NodeError as exc:
         _fail(str(exc))
     if agent is not None:
-        _print_agent(agent_setup(agent, data), as_json=as_json, env_lines=env_lines)
+        _print_agent(agent_setup(agent, data, _alias_names(url)), as_json=as_json, env_lines=env_lines)
         return
     if as_json:
         print(json.dumps(data, indent=2))
@@ -74,6 +77,16 @@ def handout(tools: bool = typer.Option(False, "--tools", help="The client needs 
     for w in data["warnings"]:
         out.print(f"warning: {w}", highlight=False)
     out.print("\n" + "\n".join(f"{k}={v}" for k, v in data["env"].items()), highlight=False)
+
+
+def _alias_names(url: str | None) -> list[str]:
+    """The pool's model aliases as /v1/models lists them (the inference guard, as the handout):
+    none when the listing cannot be read, and the handout then names every model itself."""
+    try:
+        listed = _client(url).get("/v1/models")
+    except NodeError:
+        return []
+    return [m["id"] for m in listed.get("data") or [] if isinstance(m, dict) and m.get("owned_by") == ALIAS_OWNER]
 
 
 _AGENT_NAMES = {"claude-code": "Claude Code", "codex": "Codex", "opencode": "OpenCode"}

@@ -4,10 +4,12 @@ the handout half; The auto alias). Pure functions over the node's snapshot."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from hubpool_core.models_ids import same_model
+from hubpool_core.placement.aliases import alias_target
 from hubpool_core.placement.auto import choose_auto_model
 
 
@@ -103,6 +105,10 @@ INSIDE_KEY = "hubpool"
 #: engine that counts the budget against the window (vLLM) refuses on a 32k model
 _OUTPUT_SHARE = 4
 _AGENT_MAX_OUTPUT = 32000
+#: the names Claude Code asks for on its own (background work, sub-agents, its default model)
+_CLAUDE_NAMES = ("claude-haiku-4-5", "claude-sonnet-4-5", "claude-opus-4-1")
+_CLAUDE_MODEL_VARS = ("ANTHROPIC_DEFAULT_OPUS_MODEL", "ANTHROPIC_DEFAULT_SONNET_MODEL",
+                      "ANTHROPIC_DEFAULT_HAIKU_MODEL", "CLAUDE_CODE_SUBAGENT_MODEL")
 
 
 def _toml(value: str) -> str:
@@ -110,12 +116,13 @@ def _toml(value: str) -> str:
     return json.dumps(value)
 
 
-def agent_setup(agent: str, handout: dict[str, Any]) -> dict[str, Any]:
+def agent_setup(agent: str, handout: dict[str, Any], aliases: Iterable[str] = ()) -> dict[str, Any]:
     """What one coding agent needs to use the pool, from ``handout`` (build_handout's answer,
-    asked with tools and the agent's floor): ``{"agent", "model", "baseUrl", "env": {NAME:
-    value}, "files": [{"path", "content"}], "run", "notes", "warnings"}``. Paths start with
-    ``~``: the agent's home. Agents always go through the node (never an engine directly, even
-    when apps do): the node speaks their dialect when the engine does not."""
+    asked with tools and the agent's floor) and the pool's model ``aliases`` (the names and
+    patterns of poolModelAliases, as /v1/models lists them): ``{"agent", "model", "baseUrl",
+    "env": {NAME: value}, "files": [{"path", "content"}], "run", "notes", "warnings"}``. Paths
+    start with ``~``: the agent's home. Agents always go through the node (never an engine
+    directly, even when apps do): the node speaks their dialect when the engine does not."""
     if agent not in AGENTS:
         raise ValueError(f"unknown agent {agent!r}: choose one of {', '.join(AGENTS)}")
     base = handout["anthropicBaseUrl"]
@@ -128,15 +135,21 @@ def agent_setup(agent: str, handout: dict[str, Any]) -> dict[str, Any]:
     env: dict[str, str]
     files: list[dict[str, str]] = []
     if agent == "claude-code":
-        env = {"ANTHROPIC_BASE_URL": base, "ANTHROPIC_AUTH_TOKEN": INSIDE_KEY, "ANTHROPIC_MODEL": model,
-               # the background and sub-agent models: Claude Code asks for claude-haiku-… otherwise
-               "ANTHROPIC_DEFAULT_OPUS_MODEL": model, "ANTHROPIC_DEFAULT_SONNET_MODEL": model,
-               "ANTHROPIC_DEFAULT_HAIKU_MODEL": model, "CLAUDE_CODE_SUBAGENT_MODEL": model,
-               # telemetry, error reports and update checks would go to Anthropic
-               "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+        env = {"ANTHROPIC_BASE_URL": base, "ANTHROPIC_AUTH_TOKEN": INSIDE_KEY, "ANTHROPIC_MODEL": model}
+        notes = [key_note]
+        table = {name: "" for name in aliases}
+        caught = [found[1] for name in _CLAUDE_NAMES if (found := alias_target(table, name, lambda _m: False))]
+        if len(caught) == len(_CLAUDE_NAMES):
+            notes.append(f"Claude Code's own model names (claude-haiku-… for background work, sub-agents) resolve "
+                         f"through the pool's alias {caught[0]!r}: no model variable beyond ANTHROPIC_MODEL")
+        else:
+            # the background and sub-agent models: Claude Code asks for claude-haiku-… otherwise
+            env.update(dict.fromkeys(_CLAUDE_MODEL_VARS, model))
+        # telemetry, error reports and update checks would go to Anthropic
+        env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] = "1"
         if output:
             env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(output)
-        run, notes = "claude", [key_note]
+        run = "claude"
     elif agent == "codex":
         env = {"HUBPOOL_API_KEY": INSIDE_KEY}
         lines = [f"# Codex through hubpool at {base}: top-level keys before the first table",

@@ -133,15 +133,16 @@ def _text(content: Any) -> str:
 
 class AgentRun:
     """A client set up in ``root`` (its own home, and a work folder unless ``work`` names a
-    shared one) against one node's handout."""
+    shared one) against one node's handout and model aliases."""
 
     def __init__(self, agent: str, binary: Path, root: Path, handout: dict[str, Any],
-                 extra_env: dict[str, str] | None = None, work: Path | None = None) -> None:
+                 extra_env: dict[str, str] | None = None, work: Path | None = None,
+                 aliases: tuple[str, ...] | list[str] = ()) -> None:
         self.agent, self.binary = agent, binary
         self.home, self.work = root / "home", work or root / "work"
         self.home.mkdir(parents=True, exist_ok=True)
         self.work.mkdir(parents=True, exist_ok=True)
-        self.setup = agent_setup(agent, handout)
+        self.setup = agent_setup(agent, handout, aliases)
         for file in self.setup["files"]:
             path = self.home / file["path"].removeprefix("~/")
             path.parent.mkdir(parents=True, exist_ok=True)

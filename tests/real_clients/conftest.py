@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from harness import RunningNode
 from real_clients.agents import AGENTS, COMMAND, AgentRun, install_hint, installer
-from real_clients.support import handout, sim_config
+from real_clients.support import aliases, handout, sim_config
 
 from hubpool_sim import run_in_thread
 
@@ -62,12 +62,13 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tupl
 @pytest.fixture
 def agent_run(agent_binaries: dict[str, Path], tmp_path: Path) -> Callable[..., AgentRun]:
     """A factory: ``agent_run("codex", node)`` sets the client up in its own home and work
-    folder from ``node``'s handout."""
+    folder from ``node``'s handout and aliases, as `hubpool handout --agent` does."""
     count = 0
 
     def make(agent: str, node: RunningNode, **kwargs: Any) -> AgentRun:
         nonlocal count
         count += 1
-        return AgentRun(agent, agent_binaries[agent], tmp_path / f"{agent}-{count}", handout(node), **kwargs)
+        return AgentRun(agent, agent_binaries[agent], tmp_path / f"{agent}-{count}", handout(node),
+                        aliases=aliases(node), **kwargs)
 
     return make

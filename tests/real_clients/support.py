@@ -33,6 +33,13 @@ def handout(node: RunningNode) -> dict[str, Any]:
     return r.json()
 
 
+def aliases(node: RunningNode) -> list[str]:
+    """The pool's model aliases as /v1/models lists them (what `hubpool handout --agent` reads)."""
+    r = httpx.get(node.url + "/v1/models", timeout=30, trust_env=False)
+    assert r.status_code == 200, r.text
+    return [m["id"] for m in r.json()["data"] if m.get("owned_by") == "hub-pool-alias"]
+
+
 def routing_rows(node: RunningNode) -> list[dict[str, Any]]:
     with node.client(headers=node.headers()) as c:
         return c.get(ROUTING_LOG).json()["entries"]

@@ -20,7 +20,7 @@ import pytest
 from aiohttp_thread import ThreadedApp
 from harness import fqdn, make_pool, pair, poll_until_offered, wait_until
 from real_clients.agents import AGENTS, AgentRun
-from real_clients.support import MODEL, handout, routing_rows, sim_config
+from real_clients.support import MODEL, aliases, handout, routing_rows, sim_config
 from real_clients.tap import tap
 from real_clients.test_tool_session import PROMPT, read_step
 
@@ -74,8 +74,8 @@ def test_two_sessions_of_each_client_stay_each_on_one_node_and_spread(agent, poo
     work.mkdir()
     (work / "notes.txt").write_text("the notes of the shared repository\n")
     setup_handout = {**handout(entry), "anthropicBaseUrl": wire.url}
-    runs = [AgentRun(agent, agent_binaries[agent], tmp_path / f"session-{i}", setup_handout, work=work)
-            for i in range(2)]
+    runs = [AgentRun(agent, agent_binaries[agent], tmp_path / f"session-{i}", setup_handout, work=work,
+                     aliases=aliases(entry)) for i in range(2)]
     for sim in sims.values():
         sim.configure(tool_script=[read_step(work)])
     turns: list = [None, None]
