@@ -59,12 +59,7 @@ def handout(tools: bool = typer.Option(False, "--tools", help="The client needs 
     if agent is not None:
         _print_agent(agent_setup(agent, data, _alias_names(url)), as_json=as_json, env_lines=env_lines)
         return
-    if as_json:
-        print(json.dumps(data, indent=2))
-        return
-    if env_lines:
-        for key, value in data["env"].items():
-            print(f"{key}={value}")
+    if _printed_raw(data, as_json=as_json, env_lines=env_lines):
         return
     native = data["nativeBaseUrl"] or "- (the engine speaks only the OpenAI dialect)"
     out.print(f"OpenAI base URL  {data['openaiBaseUrl']}\nNative base URL  {native}", highlight=False)
@@ -92,13 +87,18 @@ def _alias_names(url: str | None) -> list[str]:
 _AGENT_NAMES = {"claude-code": "Claude Code", "codex": "Codex", "opencode": "OpenCode"}
 
 
-def _print_agent(setup: dict, *, as_json: bool, env_lines: bool) -> None:
+def _printed_raw(data: dict, *, as_json: bool, env_lines: bool) -> bool:
+    """--json prints the whole answer, --env its KEY=VALUE lines; False when neither was asked."""
     if as_json:
-        print(json.dumps(setup, indent=2))
-        return
-    if env_lines:
-        for key, value in setup["env"].items():
+        print(json.dumps(data, indent=2))
+    elif env_lines:
+        for key, value in data["env"].items():
             print(f"{key}={value}")
+    return as_json or env_lines
+
+
+def _print_agent(setup: dict, *, as_json: bool, env_lines: bool) -> None:
+    if _printed_raw(setup, as_json=as_json, env_lines=env_lines):
         return
     served = ", ".join(setup["servedBy"]) or "nobody yet"
     lines = [f"# {_AGENT_NAMES[setup['agent']]} through hubpool at {setup['baseUrl']}: model {setup['model']} "

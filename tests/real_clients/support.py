@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
-from harness import RunningNode
+from harness import RunningNode, wait_until
 
 from hubpool_sim import SimConfig, SimModel
 
@@ -43,3 +43,22 @@ def aliases(node: RunningNode) -> list[str]:
 def routing_rows(node: RunningNode) -> list[dict[str, Any]]:
     with node.client(headers=node.headers()) as c:
         return c.get(ROUTING_LOG).json()["entries"]
+
+
+def settled_rows(node: RunningNode, seen: set[str], timeout: float = 15.0) -> list[dict[str, Any]]:
+    """The routing-log rows not in ``seen``, once none is still pending: a client may exit on
+    the last event it needs a moment before the node has settled the row of that stream."""
+    rows: list[dict[str, Any]] = []
+
+    def settled() -> bool:
+        nonlocal rows
+        rows = [r for r in routing_rows(node) if r["id"] not in seen]
+        return bool(rows) and all(r["outcome"] != "pending" for r in rows)
+
+    wait_until(settled, timeout=timeout, interval=0.1)
+    return rows
+
+
+def summary(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """What an assertion message shows of routing-log rows."""
+    return [(r["path"], r["outcome"], r["status"], r["node"], r["reason"], r["bodyBytes"]) for r in rows]

@@ -14,14 +14,13 @@ byte for byte.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 from harness import RunningNode
 from real_clients.agents import AGENTS
-from real_clients.support import routing_rows
-from real_engine.support import MODEL_ID, LlamaServer, find_llama_server, write_tiny_gguf
+from real_clients.support import routing_rows, settled_rows, summary
+from real_engine.support import MODEL_ID, LlamaServer, require_llama_server, write_tiny_gguf
 
 pytestmark = [pytest.mark.real_clients, pytest.mark.timeout(900)]
 
@@ -33,13 +32,7 @@ ROUTE = {"claude-code": "/v1/messages", "codex": "/v1/responses", "opencode": "/
 
 @pytest.fixture(scope="module")
 def llama_node(tmp_path_factory):
-    binary, where = find_llama_server()
-    if binary is None:
-        message = (f"llama-server not found at {where}; build it once with "
-                   "`uv run python scripts/build_llama_server.py` (~12 min on 2 cores)")
-        if os.environ.get("CI") == "true":
-            pytest.fail(message + " -- under CI=true .ci/run must build it before pytest", pytrace=False)
-        pytest.skip(message)
+    binary = require_llama_server()
     root = tmp_path_factory.mktemp("llama")
     model = write_tiny_gguf(root / "tiny-64k.gguf", n_ctx_train=CONTEXT)
     end_of_turn = _eos_token(model)
@@ -76,8 +69,8 @@ def test_each_client_finishes_a_turn_against_a_real_llama_server(agent, llama_no
     assert client.setup["model"] == MODEL_ID
     turn = client.run("Say hello in five words.", timeout=800)
     assert turn.succeeded, turn.describe() + "\n--- llama-server\n" + server.log_tail()
-    rows = [r for r in routing_rows(node) if r["id"] not in seen]
-    assert rows and all(r["outcome"] == "served" and r["backend"] == "llamacpp" for r in rows), rows
-    assert {r["path"] for r in rows} == {ROUTE[agent]}, rows
+    rows = settled_rows(node, seen)
+    assert rows and all(r["outcome"] == "served" and r["backend"] == "llamacpp" for r in rows), summary(rows)
+    assert {r["path"] for r in rows} == {ROUTE[agent]}, summary(rows)
     # the turn was the client's whole first prompt, not a toy: thousands of tokens through the engine
     assert max(r["bodyBytes"] for r in rows) > 25_000, rows

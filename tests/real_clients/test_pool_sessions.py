@@ -18,7 +18,7 @@ from contextlib import ExitStack
 
 import pytest
 from aiohttp_thread import ThreadedApp
-from harness import fqdn, make_pool, pair, poll_until_offered, wait_until
+from harness import affinity_pool, fqdn, wait_until
 from real_clients.agents import AGENTS, AgentRun
 from real_clients.support import MODEL, aliases, handout, routing_rows, sim_config
 from real_clients.tap import tap
@@ -47,17 +47,7 @@ def pool(tmp_path_factory):
     with ExitStack() as stack:
         sims = {name: stack.enter_context(run_in_thread(sim_config(agent_routes=True, decode_ms_per_token=DECODE_MS)))
                 for name in ("hub-b", "hub-c")}
-        nodes = make_pool(root, ["hub-a", "hub-b", "hub-c"], per_node={
-            "hub-b": {"LLAMACPP_URL": sims["hub-b"].url}, "hub-c": {"LLAMACPP_URL": sims["hub-c"].url}})
-        for n in nodes.values():
-            stack.enter_context(n)
-        entry = nodes["hub-a"]
-        pair(entry, nodes["hub-b"])
-        pair(entry, nodes["hub-c"])
-        poll_until_offered(entry, [nodes["hub-b"], nodes["hub-c"]], MODEL)
-        with entry.client(headers=entry.headers()) as c:
-            assert c.patch("/api/inference/pool/settings",
-                           json={"poolPrefixAffinityMaxInFlight": 3}).status_code == 200
+        entry = affinity_pool(stack, root, {name: sim.url for name, sim in sims.items()}, MODEL)["hub-a"]
         kept: list[dict] = []
         wire = stack.enter_context(ThreadedApp(tap(entry.url, kept)))
         yield entry, sims, wire, kept

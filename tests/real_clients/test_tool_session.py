@@ -9,7 +9,7 @@ import secrets
 
 import pytest
 from real_clients.agents import AGENTS
-from real_clients.support import MODEL, routing_rows
+from real_clients.support import MODEL, routing_rows, settled_rows, summary
 
 pytestmark = [pytest.mark.real_clients, pytest.mark.timeout(300)]
 
@@ -40,7 +40,7 @@ def test_the_model_asks_for_a_file_and_the_client_reads_it_and_finishes(agent, m
     assert turn.succeeded, turn.describe()
     # the client ran its own tool on the file the model named, and reported what it read
     assert any(secret in output for output in turn.tool_outputs()), turn.describe()
-    rows = [r for r in routing_rows(node) if r["id"] not in seen]
-    assert all(r["outcome"] == "served" and r["model"] == MODEL for r in rows), rows
+    rows = settled_rows(node, seen)
+    assert all(r["outcome"] == "served" and r["model"] == MODEL for r in rows), summary(rows)
     # the turn that asked for the call, then the one that carried its result back (OpenCode adds a title)
-    assert len([r for r in rows if r["path"] != "/v1/chat/completions" or agent == "opencode"]) >= 2, rows
+    assert len([r for r in rows if r["path"] != "/v1/chat/completions" or agent == "opencode"]) >= 2, summary(rows)

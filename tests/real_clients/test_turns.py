@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from real_clients.agents import AGENTS, outside_dials
-from real_clients.support import MODEL, routing_rows
+from real_clients.support import MODEL, routing_rows, settled_rows, summary
 
 pytestmark = [pytest.mark.real_clients, pytest.mark.timeout(300)]
 
@@ -29,9 +29,10 @@ def test_one_turn_through_a_node_exits_0_and_dials_only_the_node(agent, mode, en
     assert turn.succeeded, turn.describe()
     if trace is not None:
         assert outside_dials(trace) == [], f"{agent} dialled beyond loopback: {outside_dials(trace)}"
-    rows = [r for r in routing_rows(node) if r["id"] not in seen]
-    assert rows and all(r["outcome"] == "served" and r["status"] == 200 and r["model"] == MODEL for r in rows), rows
-    assert {r["path"] for r in rows} == {ROUTE[agent]}, rows
+    rows = settled_rows(node, seen)
+    assert rows and all(r["outcome"] == "served" and r["status"] == 200 and r["model"] == MODEL for r in rows), \
+        summary(rows)
+    assert {r["path"] for r in rows} == {ROUTE[agent]}, summary(rows)
     # what the engine was asked: the client's own route when it serves it, else chat completions
     # (the node's route probes name no model, and count on their paths but not on the model)
     after = sim.stats()
