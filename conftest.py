@@ -21,7 +21,11 @@ SLOW = (
     "tests/security/test_api_fuzz.py",  # 15 s
     "tests/security/test_agent_bodies_never_500.py",  # 9 s: 60 generated agent bodies through a node
     "tests/security/test_pin_and_recreated_peer.py",  # 11 s
+    "tests/security/test_pin_cooldown_bound.py",  # 33 s: 4,296 pairing requests under made-up names
+    "tests/security/test_signin_sources.py",  # 10 s: 1,125 sign-in sources
     "tests/security/test_signing_attacks.py",  # 13 s
+    "tests/security/test_header_flood.py",  # 11 s: thirty 2 MiB headers among 210 refusals
+    "tests/security/test_stranger_memory.py",  # 12 s: a node process sent 2 GiB and 320 MB of headers
     "tests/security/test_upgrade_state_machine.py",  # 17 s
     "tests/test_advice.py",  # 24 s
     "tests/test_affinity_contention.py",  # 9 s

@@ -37,12 +37,19 @@ def _fuzz_child(name: str, seconds: int, scratch: str) -> None:
     import atheris
 
     with atheris.instrument_imports(include=["hubpool_core", "fuzz"]):
+        import hubpool_core.access.guards  # noqa: F401
+        import hubpool_core.access.sessions  # noqa: F401
+        import hubpool_core.api.edge  # noqa: F401
+        import hubpool_core.api.local  # noqa: F401
+        import hubpool_core.api.peers  # noqa: F401
         import hubpool_core.engine  # noqa: F401
         import hubpool_core.peering.addresses  # noqa: F401 - imported under instrumentation
         import hubpool_core.peering.guard  # noqa: F401
         import hubpool_core.peering.signing  # noqa: F401
         import hubpool_core.proxy.output_check  # noqa: F401
         import hubpool_core.proxy.translate  # noqa: F401
+        import hubpool_core.telemetry.routing_log  # noqa: F401
+        import hubpool_core.web.routes  # noqa: F401
         from fuzz.targets import TARGETS
     ARTIFACTS.mkdir(exist_ok=True)
     argv = [sys.argv[0], scratch, str(CORPUS / name), f"-max_total_time={seconds}",
@@ -52,7 +59,8 @@ def _fuzz_child(name: str, seconds: int, scratch: str) -> None:
 
 
 #: the targets in fuzz/targets.py, named here so the child can instrument before importing them
-NAMES = ("frames", "output_check", "fqdn", "address", "signature_headers")
+NAMES = ("frames", "output_check", "fqdn", "address", "signature_headers", "edge_body",
+         "refusal_headers", "signin_sources")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,9 +12,17 @@ import json
 import re
 from collections.abc import Callable
 
+from starlette.requests import Request
+
+from hubpool_core.access import sessions
+from hubpool_core.access.guards import source_ip
+from hubpool_core.api import local as local_routes
+from hubpool_core.api import peers as peer_routes
+from hubpool_core.api.edge import BodyTooLarge, read_capped
 from hubpool_core.engine import NATIVE, OPENAI, Engine
 from hubpool_core.peering.addresses import AddressRefused, parse_address, resolve_checked
 from hubpool_core.peering.guard import PeerRefused, single_valued
+from hubpool_core.peering.pairing import PairingError
 from hubpool_core.peering.signing import (
     NODE_HEADER,
     NONCE_HEADER,
@@ -31,6 +39,8 @@ from hubpool_core.peering.signing import (
 )
 from hubpool_core.proxy.output_check import StreamJudge, degenerate, judge_whole
 from hubpool_core.proxy.translate import NativeToOpenAI
+from hubpool_core.telemetry.routing_log import MAX_TEXT, REFUSAL_CAPACITY, RoutingLog
+from hubpool_core.web import routes as web_routes
 
 
 def _is_final(dialect: str, frame: bytes) -> bool:
@@ -177,10 +187,160 @@ def signature_headers(data: bytes) -> None:
                                   "expired", "before_start", "replayed", "nonce_cache_full", "bad_signature"}
 
 
+def _request(headers: list[tuple[bytes, bytes]], pieces: list[bytes], pulled: list[int]) -> Request:
+    """A Starlette request whose body arrives as ``pieces``, one ASGI message each; ``pulled``
+    records the size of every message the code under test asked for."""
+    queue = list(pieces)
+
+    async def receive() -> dict:
+        if not queue:
+            return {"type": "http.disconnect"}
+        chunk = queue.pop(0)
+        pulled.append(len(chunk))
+        return {"type": "http.request", "body": chunk, "more_body": bool(queue)}
+
+    scope = {"type": "http", "method": "POST", "path": "/", "raw_path": b"/", "query_string": b"",
+             "headers": headers, "client": ("192.0.2.1", 1), "server": ("127.0.0.1", 5002)}
+    return Request(scope, receive)
+
+
+_DECLARED = re.compile(rb"[0-9]{1,20}")
+
+
+def edge_body(data: bytes) -> None:
+    """A stranger's body at the door (api/edge.py, and the pairing routes' and the sign-in
+    form's readers over it). The first byte picks the reader (and for the bare reader a limit
+    of 1 to 4081 bytes), the first line is the declared Content-Length (or none), the next
+    bytes cut the body into ASGI messages. A declared length over the limit is refused before
+    anything is read; a longer body is refused by the message that passes the limit, nothing
+    after it is asked for; anything else comes back exactly as sent, and the routes' parsers
+    answer with a refusal or a value, never an exception."""
+    if len(data) < 2:
+        return
+    mode, limit = data[0] % 3, 1 + (data[0] >> 2) * 64
+    declared, _, rest = data[1:].partition(b"\n")
+    seed, body = rest[:3], rest[3:]
+    pieces = _cuts(body, seed)
+    headers = [] if data[0] & 2 and declared == b"" else [(b"content-length", declared)]
+    pulled: list[int] = []
+    request = _request(headers, pieces, pulled)
+    if mode == 1:
+        limit = peer_routes.MAX_CONTROL_BODY
+    elif mode == 2:
+        limit = web_routes.MAX_FORM_BYTES
+    stated = declared.strip(b" \t")
+    over_declared = bool(headers) and _DECLARED.fullmatch(stated) is not None and int(stated) > limit
+    refused = over_declared or len(body) > limit
+    if mode == 2:
+        form = asyncio.run(web_routes._form(request))  # noqa: SLF001 - the sign-in form's own reader
+        assert (form is None) == refused
+        assert form is None or all(isinstance(k, str) and isinstance(v, str) for k, v in form.items())
+    try:
+        if mode == 0:
+            got = asyncio.run(read_capped(request, limit))
+            assert got == body, "read_capped must return exactly the bytes sent"
+        elif mode == 1:
+            asyncio.run(peer_routes._body(request))  # noqa: SLF001 - the pairing routes' own reader
+    except BodyTooLarge as exc:
+        assert mode == 0 and exc.message
+    except PairingError as exc:
+        assert mode == 1 and exc.status in (400, 413) and exc.message
+        assert (exc.status == 413) == refused
+    else:
+        assert mode == 2 or not refused
+    if over_declared:
+        assert pulled == [], "a declared length over the limit is refused before the body is read"
+    else:
+        assert sum(pulled[:-1]) <= limit, "nothing is asked for after the bytes passed the limit"
+
+
+def strings_in(value: object) -> list[str]:
+    """Every string inside ``value`` (dict keys and values, list and tuple items, nested)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in strings_in(k) + strings_in(v)]
+    if isinstance(value, list | tuple):
+        return [s for v in value for s in strings_in(v)]
+    return []
+
+
+def refusal_headers(data: bytes) -> None:
+    """What a refused /local/* caller's headers leave in the routing log (api/local.py's
+    refusal_row over a real RoutingLog holding one decision). The input is the headers, one
+    per line (``name: value``, latin-1 as a server passes them), repeated by its first byte;
+    every second request comes from an admitted peer. Every string the log keeps is at most
+    MAX_TEXT; an unadmitted caller's row never takes the decision's id or place, and the kept
+    refusals never outnumber REFUSAL_CAPACITY."""
+    if not data:
+        return
+    log = RoutingLog()
+    decision = log.open(direction="outbound", path="/api/chat", model="m:1b", request_id="decision-1")
+    log.touch(decision, node="local", outcome="served", status=200, durationMs=5, totalMs=9)
+    kept = dict(decision)
+    headers: dict[str, str] = {}
+    for line in data[1:].decode("latin-1").split("\n"):
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    headers.setdefault("x-hub-pool-request-id", "decision-1")
+    repeats = 1 + data[0] % 60
+    for i in range(repeats):
+        sender = "hub-b.example-tailnet.ts.net" if data[0] & 0x80 and i % 2 else None
+        local_routes.refusal_row(log, "/api/chat", sender, headers, 401, "Invalid pool peer credentials")
+    rows = log.entries()
+    assert all(len(s) <= MAX_TEXT for s in strings_in(rows))
+    assert len(log.refusals) <= REFUSAL_CAPACITY
+    assert log.unauthenticated_refusals == sum(1 for i in range(repeats) if not (data[0] & 0x80 and i % 2))
+    if not data[0] & 0x80:
+        assert log.rows["decision-1"] == kept and len(log.rows) == 1  # only admitted callers reach the ring
+
+
+_PROXY_HEADERS = ("x-forwarded-for", "cf-ray", "cf-connecting-ip", "true-client-ip", "x-real-ip")
+
+
+def signin_sources(data: bytes) -> None:
+    """The web sign-in limiter over the sources a stranger's headers name (access/guards.py's
+    source_ip, access/sessions.py's SignInLimiter), with the clock standing still. The first
+    byte says whether the proxy is trusted; then each pair of bytes is one wrong key: a client
+    address, and which proxy headers it sends (an X-Forwarded-For built from the bytes). The
+    source is the client address, the last forwarded hop when the proxy is trusted, or None;
+    the limiter never tracks more than MAX_SOURCES sources; a source held back stays held back
+    whatever else comes; a source that never guessed is let in while one tracked source is not
+    held back."""
+    if not data:
+        return
+    trust = bool(data[0] & 1)
+    limiter = sessions.SignInLimiter()
+    counts: dict[str | None, int] = {}
+    pairs = [data[i:i + 2] for i in range(1, len(data) - 1, 2)]
+    for a, b in pairs:
+        client = f"10.{a >> 4}.{a & 15}.{b}"
+        headers = {name: f"203.0.{a}.{b}, 198.51.100.{b}" if name == "x-forwarded-for" else f"v{b}"
+                   for i, name in enumerate(_PROXY_HEADERS) if b & (1 << i)}
+        source = source_ip(client, headers, trust)
+        forwarded = "x-forwarded-for" in headers
+        if trust and forwarded:
+            assert source == f"198.51.100.{b}"
+        elif not trust and (forwarded or any(h in headers for h in _PROXY_HEADERS[1:4])):
+            assert source is None
+        else:
+            assert source == client
+        limiter.failed(source)
+        counts[source] = counts.get(source, 0) + 1
+        assert len(limiter) <= sessions.MAX_SOURCES
+    for source, n in counts.items():
+        if n >= sessions.MAX_FAILURES and len(counts) <= sessions.MAX_SOURCES:
+            assert not limiter.allowed(source), source
+    assert limiter.allowed("192.0.2.1") or len(counts) >= sessions.MAX_SOURCES
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "frames": frames,
     "output_check": output_check,
     "fqdn": fqdn,
     "address": address,
     "signature_headers": signature_headers,
+    "edge_body": edge_body,
+    "refusal_headers": refusal_headers,
+    "signin_sources": signin_sources,
 }

@@ -57,12 +57,16 @@ def api():
         yield fake
 
 
+def credentials(api: FakeAdminApi) -> dict[str, str]:
+    """The environment that gives a node an Admin API credential for ``api``."""
+    return {"TAILSCALE_OAUTH_CLIENT_ID": "cid", "TAILSCALE_OAUTH_CLIENT_SECRET": "secret",
+            "HUB_POOL_TAILSCALE_API_URL": api.server.url}
+
+
 @pytest.fixture
 def pool(tmp_path, api):
     """hub-a and hub-b; hub-b holds an Admin API credential and checks membership with it."""
-    creds = {"TAILSCALE_OAUTH_CLIENT_ID": "cid", "TAILSCALE_OAUTH_CLIENT_SECRET": "secret",
-             "HUB_POOL_TAILSCALE_API_URL": api.server.url}
-    nodes = make_pool(tmp_path, ["hub-a", "hub-b"], per_node={"hub-b": creds})
+    nodes = make_pool(tmp_path, ["hub-a", "hub-b"], per_node={"hub-b": credentials(api)})
     for n in nodes.values():
         n.start()
     yield nodes

@@ -93,7 +93,10 @@ def pool(tmp_path):
                 SimModel("llama3.2:3b"), SimModel("qwen3:8b")], decode_ms_per_token=0))),
         }
         engines = {"hub-a": {"OLLAMA_URL": sims["hub-a"].url}, "hub-b": {"VLLM_URL": sims["hub-b"].url}}
-        nodes = make_pool(tmp_path, list(sims), per_node=engines)
+        # the tests poll by hand (poll()): a background tick landing between a stop and a status
+        # read would add a strike the test did not make ("connected 1/3" read 2/3)
+        nodes = make_pool(tmp_path, list(sims), environ={"HUB_POOL_DEV_HEALTH_POLL_SECONDS": "300"},
+                          per_node=engines)
         for n in nodes.values():
             n.start()
         a, b = nodes["hub-a"], nodes["hub-b"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import os
+from collections.abc import Mapping
 
 from hubpool_core.access.credentials import KeyStore, Principal
 
@@ -61,6 +62,26 @@ def admitted_by_origin(client_ip: str | None, headers: dict[str, str]) -> bool:
     if forwarded:
         return all(is_inside(hop, tailnet_inside=tailnet_inside) for hop in forwarded.split(","))
     return True
+
+
+def trusts_proxy(raw: str | None) -> bool:
+    """HUB_TRUST_PROXY: whether the reverse proxy in front may name the caller (X-Forwarded-For)."""
+    return (raw or "").strip().lower() in ("1", "true", "yes")
+
+
+def source_ip(client_host: str | None, headers: Mapping[str, str], trust_proxy: bool) -> str | None:
+    """The caller's IP where it can be honestly told, else None (spec: "What a source means").
+
+    Without proxy trust a request carrying reverse-proxy provenance (or an X-Forwarded-For) came
+    through a proxy whose own address is every caller's: keying a limiter on it would be a
+    lockout for everyone, not a limit for one. With trust, the last X-Forwarded-For hop is the
+    one the proxy itself appended. The PIN cooldown and the web sign-in limiter both use it."""
+    if not trust_proxy and (any(h in headers for h in PROVENANCE_HEADERS) or "x-forwarded-for" in headers):
+        return None
+    if trust_proxy and "x-forwarded-for" in headers:
+        # the trusted proxy appends the address it saw: the last hop is the one it vouches for
+        return headers["x-forwarded-for"].split(",")[-1].strip() or None
+    return client_host
 
 
 def bearer(headers: dict[str, str]) -> str | None:

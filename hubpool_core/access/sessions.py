@@ -17,6 +17,7 @@ import hmac
 import secrets
 import time
 import weakref
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
 from typing import Any
@@ -27,9 +28,15 @@ from hubpool_core.access.credentials import KeyStore, Principal
 #: forgotten browser does not stay signed in for good
 SESSION_SECONDS = 12 * 3600
 MAX_SESSIONS = 64  # a node has few operators; the oldest goes first beyond this
-#: wrong keys allowed per minute before sign-in answers 429 for the rest of that minute
+#: wrong keys allowed per minute from one source before sign-in answers it 429
 MAX_FAILURES = 10
 FAILURE_WINDOW_SECONDS = 60
+#: sources whose wrong keys are counted at once (each holds at most MAX_FAILURES times)
+MAX_SOURCES = 1024
+#: the one source for every caller the node cannot tell apart (behind an untrusted proxy)
+UNIDENTIFIED = "unidentified"
+#: where new sources are counted while every tracked source is itself held back
+OVERFLOW = "overflow"
 CSRF_HEADER = "x-csrf-token"
 CSRF_FIELD = "csrf"
 
@@ -44,12 +51,75 @@ class Session:
     created: float = field(default_factory=time.time)
 
 
+def _source_key(source: str | None) -> str:
+    # prefixed, so no address a header names can be mistaken for the shared keys
+    return f"ip:{source}" if source else UNIDENTIFIED
+
+
+class SignInLimiter:
+    """Wrong operator keys per source, :data:`MAX_FAILURES` a minute each (issue 26).
+
+    Keyed on the source as the PIN cooldown is (spec "What a source means"): the caller's IP
+    where it can be honestly told (``access.guards.source_ip``), else :data:`UNIDENTIFIED`, one
+    count for every caller behind a proxy this node does not trust. One counter for everyone
+    let ten wrong keys from anywhere lock the operator out of the web UI.
+
+    Bounded: at most :data:`MAX_SOURCES` sources, ordered by their last wrong key. A source
+    idle for the window is forgotten; when the table is full, the oldest source that is not
+    held back makes room, so a source that is held back cannot be freed by a flood of others.
+    Only when every tracked source is held back are new ones counted together
+    (:data:`OVERFLOW`): that many sources guessing at once is an attack, and bounding its
+    total rate is worth making a new source wait out the minute."""
+
+    def __init__(self) -> None:
+        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._failures)
+
+    def _prune(self, now: float) -> None:
+        while self._failures:
+            key, times = next(iter(self._failures.items()))
+            if now - times[-1] < FAILURE_WINDOW_SECONDS:
+                return
+            del self._failures[key]
+
+    def _held(self, times: deque[float], now: float) -> bool:
+        return sum(1 for t in times if now - t < FAILURE_WINDOW_SECONDS) >= MAX_FAILURES
+
+    def _slot(self, source: str, now: float, *, make_room: bool) -> str:
+        """The key ``source`` is counted under now."""
+        self._prune(now)
+        if source in self._failures or len(self._failures) < MAX_SOURCES:
+            return source
+        for key, times in self._failures.items():  # oldest last wrong key first
+            if key != OVERFLOW and not self._held(times, now):
+                if make_room:
+                    del self._failures[key]
+                return source
+        return OVERFLOW
+
+    def allowed(self, source: str | None) -> bool:
+        """False while ``source`` (None: not identifiable) has had too many wrong keys this minute."""
+        now = time.time()
+        times = self._failures.get(self._slot(_source_key(source), now, make_room=False))
+        return times is None or not self._held(times, now)
+
+    def failed(self, source: str | None) -> None:
+        """Count one wrong key from ``source``."""
+        now = time.time()
+        key = self._slot(_source_key(source), now, make_room=True)
+        times = self._failures.pop(key, None) or deque(maxlen=MAX_FAILURES)
+        times.append(now)
+        self._failures[key] = times  # last: the table is ordered by each source's last wrong key
+
+
 class SessionStore:
     """The signed-in browsers of one node."""
 
     def __init__(self, keys: KeyStore):
         self._sessions: dict[str, Session] = {}
-        self._failures: list[float] = []
+        self.sign_ins = SignInLimiter()
         # every node on one host shares the browser's cookie jar (cookies ignore the port),
         # so the cookie carries a name of its own per node
         digest = hashlib.sha256(b"hubpool-session:" + keys.operator_key.encode()).hexdigest()[:10]
@@ -82,15 +152,14 @@ class SessionStore:
         if sid:
             self._sessions.pop(sid, None)
 
-    def sign_in_allowed(self) -> bool:
-        """False after too many wrong keys in the last minute (an env operator key may be short)."""
-        now = time.time()
-        self._failures = [t for t in self._failures if now - t < FAILURE_WINDOW_SECONDS]
-        return len(self._failures) < MAX_FAILURES
+    def sign_in_allowed(self, source: str | None) -> bool:
+        """False after too many wrong keys from ``source`` in the last minute (an env operator
+        key may be short); None is every caller the node cannot tell apart."""
+        return self.sign_ins.allowed(source)
 
-    def failed_sign_in(self) -> None:
-        """Count one wrong key toward the limit."""
-        self._failures.append(time.time())
+    def failed_sign_in(self, source: str | None) -> None:
+        """Count one wrong key from ``source`` toward its limit."""
+        self.sign_ins.failed(source)
 
     def from_headers(self, headers: dict[str, str]) -> Session | None:
         """The session named by the request's cookie header, if any."""

@@ -8,6 +8,7 @@
 - ``operator.py``: settings, status, routing log, plugins, and the unauthenticated identify.
 - ``advice.py``: inference preferences, the client handout, and doctor.
 - ``metrics_route.py``: ``GET /metrics``.
+- ``edge.py``: bodies of callers not yet authenticated, read only up to a limit.
 - ``admission.py``: the pool-wide admission queue (``poolAdmissionQueue``): waiting requests,
   their order, and the 429/503 answers.
 """

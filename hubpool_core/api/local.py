@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -23,6 +24,7 @@ from hubpool_core.placement import PlacementRequest, place_inbound, snapshot_of
 from hubpool_core.proxy import LOCAL_PREFIX, RelayPlan, RelayResponse
 from hubpool_core.proxy.response_homes import RESPONSE_ID
 from hubpool_core.signals.local_engines import listing_backends
+from hubpool_core.telemetry.routing_log import RoutingLog
 
 REQUEST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
 INBOUND_OFF = "This node is not accepting pooled work right now (inbound pooling is switched off here)"
@@ -30,13 +32,26 @@ PEER_OFF = "This node is not exchanging work with your node right now (the opera
 BAD_BACKEND = "Missing or invalid X-Hub-Pool-Backend header"
 
 
+def refusal_row(log: RoutingLog, route: str, sender: str | None, headers: Mapping[str, str], status: int,
+                message: str) -> dict[str, Any]:
+    """The inbound row of a refusal, settled. ``sender`` None: no guard admitted the caller, so
+    nothing it sent is trusted with a place among the decisions: the row goes to the log's
+    ring of refusals under an id this node mints (the caller's X-Hub-Pool-Request-Id would
+    let it replace a real row), and its model is cut as every string the log keeps."""
+    model = headers.get("x-hub-pool-model")
+    if sender is None:
+        row = log.open_refusal(direction="inbound", path=route, model=model)
+    else:
+        rid = headers.get("x-hub-pool-request-id")
+        row = log.open(direction="inbound", path=route, model=model,
+                       request_id=rid if rid and REQUEST_ID.fullmatch(rid) else None)
+    log.touch(row, node=sender, outcome="failed", status=status, reason=message[:200], durationMs=0, totalMs=0)
+    return row
+
+
 def _refuse(node: Any, route: str, sender: str | None, request: Request, status: int, message: str,
             headers: dict[str, str] | None = None) -> JSONResponse:
-    rid = request.headers.get("x-hub-pool-request-id")
-    row = node.routing_log.open(direction="inbound", path=route, model=request.headers.get("x-hub-pool-model"),
-                                request_id=rid if rid and REQUEST_ID.fullmatch(rid) else None)
-    node.routing_log.touch(row, node=sender, outcome="failed", status=status, reason=message[:200],
-                           durationMs=0, totalMs=0)
+    row = refusal_row(node.routing_log, route, sender, request.headers, status, message)
     node.plugins.broadcast_request_finished(row)
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 

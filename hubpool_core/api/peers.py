@@ -11,7 +11,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from hubpool_core.access.guards import PROVENANCE_HEADERS
+from hubpool_core.access.guards import source_ip, trusts_proxy
+from hubpool_core.api.edge import BodyTooLarge, read_capped
 from hubpool_core.api.operator import _operator
 from hubpool_core.peering.addresses import AddressRefused, candidate_urls, parse_address, resolve_checked
 from hubpool_core.peering.client import PeerAuthError
@@ -36,9 +37,11 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
 
 
 async def _body(request: Request) -> Any:
-    raw = await request.body()
-    if len(raw) > MAX_CONTROL_BODY:
-        raise PairingError(413, f"Request body exceeds {MAX_CONTROL_BODY} bytes")
+    # a stranger can call every route here: the limit holds before a byte is read (api/edge.py)
+    try:
+        raw = await read_capped(request, MAX_CONTROL_BODY)
+    except BodyTooLarge as exc:
+        raise PairingError(413, exc.message) from None
     if not raw.strip():
         return None
     try:
@@ -58,13 +61,7 @@ async def _object(request: Request) -> dict[str, Any]:
 
 def caller_source_ip(request: Request, trust_proxy: bool) -> str | None:
     """The caller's IP for the PIN cooldown, only where it can be trusted (protocol §2f)."""
-    headers = request.headers
-    if not trust_proxy and (any(h in headers for h in PROVENANCE_HEADERS) or "x-forwarded-for" in headers):
-        return None
-    if trust_proxy and "x-forwarded-for" in headers:
-        # the trusted proxy appends the address it saw: the last hop is the one it vouches for
-        return headers["x-forwarded-for"].split(",")[-1].strip() or None
-    return request.client.host if request.client else None
+    return source_ip(request.client.host if request.client else None, request.headers, trust_proxy)
 
 
 async def _guarded(request: Request) -> tuple[PoolPeer, Any]:
@@ -106,8 +103,7 @@ def _states_clock(fn):  # noqa: ANN001, ANN202 - the health probe's route only
 async def pair_request(request: Request) -> Response:
     node = request.app.state.node
     body = await _object(request)
-    trust = (node.env.trust_proxy or "").strip().lower() in ("1", "true", "yes")
-    ip = caller_source_ip(request, trust)
+    ip = caller_source_ip(request, trusts_proxy(node.env.trust_proxy))
     return JSONResponse(await node.pairing.receive_request(body, ip))
 
 

@@ -149,6 +149,8 @@ class HealthPoller:
         self._loop = Periodic("health tick", self.tick, lambda: self.poll_s)
         #: each peer's probe in flight: a tick starts one per peer and never waits for it
         self._probes: dict[str, asyncio.Task] = {}
+        #: peer id -> the last name it signed as that was refused (warned once, then debug)
+        self._refused_renames: dict[str, str] = {}
 
     @property
     def probe_timeout_s(self) -> float:
@@ -182,6 +184,7 @@ class HealthPoller:
 
     async def tick(self) -> None:
         """The loop's step: housekeeping, then one probe per peer started, none awaited."""
+        await self.vet_renames()
         try:
             await asyncio.to_thread(self.node.housekeeping)
         except Exception as exc:  # noqa: BLE001 - a full disk must not stop the probes
@@ -198,6 +201,24 @@ class HealthPoller:
             task = asyncio.ensure_future(self.probe(row))
             self._probes[row.id] = task
             task.add_done_callback(functools.partial(self._probe_done, row.id, row.node_fqdn))
+
+    async def vet_renames(self) -> None:
+        """Check every name a peer signed as since the last tick before housekeeping renames
+        the row: under this tailnet's MagicDNS suffix and, with an Admin API credential, one of
+        its devices (issue 26). A signature says who sent the name, not that it is safe to dial:
+        a paired peer claiming ``evil.example.com`` used to be renamed to it, and this node then
+        sent it every forward and control call. A refused name is said once per peer and name."""
+        for peer_id, name in self.node.identity.take_unvetted_peer_fqdns().items():
+            refused = await self.node.tailnet.name_refusal(name, unknown_suffix_ok=False)
+            if refused is None:
+                self.node.identity.vet_observed_peer_fqdn(peer_id, name)
+                self._refused_renames.pop(peer_id, None)
+                continue
+            level = logging.WARNING if self._refused_renames.get(peer_id) != name else logging.DEBUG
+            was = next((r.node_fqdn for r in self.node.peers.all() if r.id == peer_id), peer_id)
+            log.log(level, "%s signs its requests as %s; not renaming it: %s", was, name, refused)
+            if len(self._refused_renames) < 1024:  # peers are few; the bound is only a bound
+                self._refused_renames[peer_id] = name
 
     def _probe_done(self, peer_id: str, fqdn: str, task: asyncio.Task) -> None:
         if self._probes.get(peer_id) is task:

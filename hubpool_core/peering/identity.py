@@ -160,6 +160,8 @@ class IdentityStore:
         self._cached: Keypair | None = None
         self._retry_at: float | None = None
         self._observed_fqdns: dict[str, str] = {}
+        #: sightings the health tick found to be names on this tailnet: what housekeeping applies
+        self._vetted_fqdns: dict[str, str] = {}
         #: Why the identity is unavailable or cannot sign, for ``identityError`` on
         #: ``/pool/status``; None when a signing-capable identity is loaded.
         self.error: str | None = None
@@ -256,16 +258,29 @@ class IdentityStore:
     # "Identity beats address": a verified sender FQDN that differs from the peer row is only
     # recorded here; the health tick applies it, because node_fqdn is UNIQUE and a collision
     # inside the guard would turn an authenticated request into a 500 (spec; §2e guard step 6).
+    # A signature proves who sent a name, not that the name is one to dial: the tick first
+    # checks it is a device of this tailnet (issue 26), and only a vetted sighting is applied.
 
     def note_observed_peer_fqdn(self, peer_id: str, fqdn: str) -> None:
         """Record that peer row ``peer_id`` signed a request as ``fqdn`` (already normalised)."""
         with self._lock:
             self._observed_fqdns[peer_id] = fqdn
 
-    def take_observed_peer_fqdn(self, peer_id: str) -> str | None:
-        """Take and forget the pending FQDN sighting for ``peer_id``; None when there is none."""
+    def take_unvetted_peer_fqdns(self) -> dict[str, str]:
+        """Take and forget every sighting not yet checked: peer id -> the name it signed as."""
         with self._lock:
-            return self._observed_fqdns.pop(peer_id, None)
+            taken, self._observed_fqdns = self._observed_fqdns, {}
+            return taken
+
+    def vet_observed_peer_fqdn(self, peer_id: str, fqdn: str) -> None:
+        """Mark ``fqdn`` a name ``peer_id`` may be renamed to (it passed the tailnet checks)."""
+        with self._lock:
+            self._vetted_fqdns[peer_id] = fqdn
+
+    def take_observed_peer_fqdn(self, peer_id: str) -> str | None:
+        """Take and forget the vetted FQDN sighting for ``peer_id``; None when there is none."""
+        with self._lock:
+            return self._vetted_fqdns.pop(peer_id, None)
 
     # ── internals ──
 

@@ -11,7 +11,8 @@ Now the node writes ``peer-nonces.json`` in its data directory:
   sender, marked ``clean``. The next process loads them and judges every signature exactly as
   the last one would have: no watermark at all, so no peer is refused, however its clock runs.
 - at start and on every health tick: only each sender's clock offset (the smallest
-  ``receipt − timestamp`` it showed), marked not clean. A crash leaves this behind. The next
+  ``receipt − timestamp`` shown by its accepted requests that could still be replayed, over
+  their whole 300 s window), marked not clean. A crash leaves this behind. The next
   process then cannot know the nonces spent since, and judges each sender by a watermark of
   its own: ``start − offset``. A request accepted before the crash was signed at most at
   ``receipt − offset`` < ``start − offset``, so its replay is refused; a fresh one from the same

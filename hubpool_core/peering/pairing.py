@@ -96,6 +96,19 @@ class Pairing:
             changes["bearer_grace_until"] = utcnow() + timedelta(milliseconds=ms)
         self.repo.update(peer_id, **changes)
 
+    def _pin_answer(self, peer_id: str, answer: dict[str, Any]) -> None:
+        """Pin the identity a PIN answer carried (learned from a response: this side signs at
+        once), and once it is pinned, forget the bearer the PIN request carried: that request
+        may have crossed a LAN in plain HTTP (pairing by address), and whoever read it could
+        otherwise present the token as the peer on /pair/confirm and /local/* until the peer
+        was first seen signing. The peer holds this node's key from the same request and
+        signs its confirm, so a row keyed by a PIN answer takes signed calls only (issue 26,
+        docs/pairing.md). Without a pinned key (a peer that cannot sign) the bearer is kept."""
+        self._pin_claim(peer_id, _valid_claim(answer.get("nodeUuid"), answer.get("publicKey")), grace=False)
+        row = self.repo.by_id(peer_id)
+        if row is not None and row.peer_public_key:
+            self.repo.update(peer_id, verify_token_hash=None)
+
     def _require_enabled(self) -> None:
         message = self.node.directions().describe_master()
         if message:
@@ -162,22 +175,9 @@ class Pairing:
             cooldown.clear(k)
 
     async def _check_membership(self, fqdn: str) -> None:
-        suffix = await self.node.tailnet.suffix()
-        if suffix is None:
-            return  # a node on no tailnet has nothing to compare against, and accepts
-        if not fqdn.endswith("." + suffix):
+        # a node on no tailnet has nothing to compare a request's name against, and accepts
+        if await self.node.tailnet.name_refusal(fqdn, unknown_suffix_ok=True) is not None:
             raise PairingError(403, OFF_TAILNET)
-        for directory in self.node.directories:
-            if not directory.configured():
-                continue
-            try:
-                members = await directory.members()
-            except Exception:  # noqa: BLE001 - an unreachable Admin API degrades to a warning
-                members = None
-            if members is None:
-                continue
-            if fqdn not in {normalize_peer_fqdn(m) for m in members}:
-                raise PairingError(403, OFF_TAILNET)
 
     async def receive_confirm(self, row: PoolPeer, body: dict[str, Any]) -> dict[str, Any]:
         if row.direction != "outbound" or row.status != "pending":
@@ -231,8 +231,7 @@ class Pairing:
             self.repo.delete(row.id)
             raise
         if pin is not None:
-            claim = _valid_claim(answer.get("nodeUuid"), answer.get("publicKey"))
-            self._pin_claim(row.id, claim, grace=False)  # learned from a response: sign at once
+            self._pin_answer(row.id, answer)
         return public_peer(self.repo.by_id(row.id))
 
     async def pair_by_address(self, address: str, pin: str, display_name: str | None) -> dict[str, Any]:
@@ -270,11 +269,19 @@ class Pairing:
                                         "by address.")
             if fqdn == own:
                 raise PairingError(409, f"{url} is this Hub")
+            # the name this node will dial for every forward from now on comes from the far side:
+            # it must be a device of this tailnet, as a pairing request's name must (issue 26)
+            refused = await self.node.tailnet.name_refusal(fqdn, unknown_suffix_ok=False)
+            if refused is not None:
+                log.warning("the Hub at %s answered with the name %s; not pairing: %s", url, fqdn, refused)
+                raise PairingError(400, f"The Hub at {url} says its tailnet name is {fqdn}, but {refused}. "
+                                        "Nothing was stored here. If that Hub is yours, sign it in to this "
+                                        "tailnet and pair again; its pending request expires there in 24 hours.")
             if self.repo.by_fqdn(fqdn) is not None:
                 raise PairingError(409, f"Already paired or pairing with {fqdn}")
             row = self.repo.add(PoolPeer(node_fqdn=fqdn, display_name=display_name, direction="outbound",
                                          status="pending", verify_token_hash=token_hash(token)))
-            self._pin_claim(row.id, _valid_claim(answer.get("nodeUuid"), answer.get("publicKey")), grace=False)
+            self._pin_answer(row.id, answer)
             return public_peer(self.repo.by_id(row.id))
         raise last or PairingError(502, f"No Hub answered at {address}")
 

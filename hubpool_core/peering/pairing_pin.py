@@ -35,6 +35,7 @@ __all__ = [
     "COOLDOWN_MAX_MS",
     "COOLDOWN_STRIKES",
     "COOLDOWN_STRIKE_WINDOW_MS",
+    "MAX_COOLDOWN_KEYS",
     "PAIRING_PIN_MAX_ATTEMPTS",
     "PAIRING_PIN_TTL_MS",
     "PIN_COOLDOWN_MESSAGE",
@@ -77,6 +78,8 @@ COOLDOWN_STRIKE_WINDOW_MS = 300_000
 COOLDOWN_BASE_MS = 60_000
 #: Ceiling on the doubling: 60 s, 2 min, 4 min, 8 min, 15 min, 15 min…
 COOLDOWN_MAX_MS = 900_000
+#: Keys the cooldown holds at once (hubpool's bound; each is a few hundred bytes).
+MAX_COOLDOWN_KEYS = 4096
 
 
 def iso_from_ms(ms: int) -> str:
@@ -191,7 +194,8 @@ class SourceCooldown:
     (15 min). Strikes while withheld never extend the sentence. A key with no strike and no
     withholding for the strike window (counted from the later of its last strike and the end of
     its last withholding) is forgotten, backoff included; :meth:`clear` (on a correct PIN)
-    forgets it at once. Keys are opaque — use :func:`source_keys`. Thread-safe.
+    forgets it at once. Keys are opaque — use :func:`source_keys`. At most
+    :data:`MAX_COOLDOWN_KEYS` are held (:meth:`_make_room`). Thread-safe.
 
     The pinned behaviour: a source's third wrong guess meets a block (two strikes, then
     :meth:`blocked` is True), and ``now + 60_001`` clears it.
@@ -206,7 +210,10 @@ class SourceCooldown:
         strike started one (for a single log line), else 0."""
         with self._lock:
             self._prune(now_ms)
-            entry = self._entries.get(key)
+            # popped and put back last: the table runs from the least recently struck key
+            entry = self._entries.pop(key, None)
+            if entry is None and len(self._entries) >= MAX_COOLDOWN_KEYS:
+                self._make_room(now_ms)
             within = entry is not None and now_ms - entry.last_strike_ms <= COOLDOWN_STRIKE_WINDOW_MS
             strikes = (entry.strikes if entry is not None and within else 0) + 1
             rounds = entry.rounds if entry else 0
@@ -238,6 +245,16 @@ class SourceCooldown:
     def __bool__(self) -> bool:
         # Always truthy, so `cooldown or SourceCooldown()` can never swap in an empty limiter.
         return True
+
+    def _make_room(self, now_ms: int) -> None:
+        """Forget one key: the least recently struck that is not withheld, else the least
+        recently struck. Keys are the caller's to choose (a claimed FQDN), so their number is
+        bounded (issue 26); a caller cannot free its own address key this way, because a
+        withheld caller is refused before it can strike, and the per-PIN ceiling of five wrong
+        guesses, not this table, is what bounds a PIN's exposure."""
+        victim = next((k for k, e in self._entries.items() if e.withheld_until_ms <= now_ms),
+                      next(iter(self._entries)))
+        del self._entries[victim]
 
     def _prune(self, now_ms: int) -> None:
         # Keys are caller-chosen (a claimed FQDN is free to vary), so idle entries must go. The

@@ -95,6 +95,9 @@ PEER_SUSTAINED_SIGNED_RATE = 500
 PEER_NONCE_BUDGET = PEER_SUSTAINED_SIGNED_RATE * (2 * PEER_SIGNATURE_SKEW_MS // 1000 + 2)
 #: Suggested cadence for a background :meth:`NonceCache.sweep`; pruning on insert is enough alone.
 PEER_NONCE_SWEEP_MS = 30_000
+#: the slices a sender's clock lags are kept in until the requests that showed them expire:
+#: ten seconds, so a sender holds at most ~61 of them however fast it sends
+LAG_BUCKET_MS = 10_000
 
 #: The sender's pool node UUID; its presence selects the signed branch of the guard.
 NODE_HEADER = "X-Hub-Pool-Node"
@@ -589,20 +592,34 @@ class _SenderNonces:
     """One sender's spent nonces (``nonce -> expires_at_ms``), its budget's bookkeeping and
     the clock offset its accepted requests showed (for the restart rule, see :class:`NonceCache`)."""
 
-    __slots__ = ("seen", "earliest", "lag_ms", "prev_lag_ms", "known_lag_ms", "not_before_ms")
+    __slots__ = ("seen", "earliest", "lags", "known_lag_ms", "not_before_ms")
 
     def __init__(self) -> None:
         self.seen: dict[str, int] = {}
         # Earliest expiry held: a full budget under a flood answers "still full" without
         # scanning every live entry per refused request.
         self.earliest: int | None = None
-        #: smallest ``receipt − timestamp`` seen since the last :meth:`NonceCache.take_lags`,
-        #: and in the period before it; the last value handed out when both are empty
-        self.lag_ms: int | None = None
-        self.prev_lag_ms: int | None = None
+        #: the smallest ``receipt − timestamp`` of the accepted requests whose nonces expire in
+        #: each :data:`LAG_BUCKET_MS` slice (slice index -> lag): a request's lag counts for as
+        #: long as the request could be replayed, and no longer
+        self.lags: dict[int, int] = {}
+        #: the last offset handed out: what a sender that went quiet is judged by
         self.known_lag_ms: int | None = None
         #: this sender's restart watermark (None: the cache-wide one applies)
         self.not_before_ms: int | None = None
+
+    def note_lag(self, lag: int, expires_at_ms: int) -> None:
+        """Count ``lag`` until ``expires_at_ms`` (rounded up to its slice's end)."""
+        key = expires_at_ms // LAG_BUCKET_MS
+        held = self.lags.get(key)
+        if held is None or lag < held:
+            self.lags[key] = lag
+
+    def live_lag(self, now: int) -> int | None:
+        """The smallest lag whose request could still be replayed at ``now``; forgets the rest."""
+        for key in [k for k in self.lags if (k + 1) * LAG_BUCKET_MS <= now]:
+            del self.lags[key]
+        return min(self.lags.values(), default=None)
 
     def prune(self, now: int) -> int:
         if self.earliest is None or self.earliest > now:
@@ -673,12 +690,10 @@ class NonceCache:
                 else self.not_before_ms
             if watermark is not None and timestamp_ms < watermark:
                 return "before_start"
-            refused = self._store(sender, nonce, timestamp_ms + PEER_SIGNATURE_SKEW_MS + 1, now)
+            expires_at = timestamp_ms + PEER_SIGNATURE_SKEW_MS + 1
+            refused = self._store(sender, nonce, expires_at, now)
             if refused is None:
-                entry = self._senders[sender]
-                lag = now - timestamp_ms
-                if entry.lag_ms is None or lag < entry.lag_ms:
-                    entry.lag_ms = lag
+                self._senders[sender].note_lag(now - timestamp_ms, expires_at)
             return refused
 
     def remember(self, sender: str, nonce: str, expires_at_ms: int, now_ms: int | None = None) -> str | None:
@@ -708,7 +723,7 @@ class NonceCache:
         with self._lock:
             dropped = sum(entry.prune(now) for entry in self._senders.values())
             for sender in [s for s, e in self._senders.items() if not e.seen and e.known_lag_ms is None
-                           and e.lag_ms is None and e.prev_lag_ms is None and e.not_before_ms is None]:
+                           and not e.lags and e.not_before_ms is None]:
                 del self._senders[sender]
             return dropped
 
@@ -718,17 +733,20 @@ class NonceCache:
             entry = self._senders.get(sender)
             return len(entry.seen) if entry is not None else 0
 
-    def take_lags(self) -> dict[str, int]:
+    def take_lags(self, now_ms: int | None = None) -> dict[str, int]:
         """Each sender's clock offset as this node saw it: the smallest ``receipt − timestamp``
-        over its accepted requests in this period and the one before (a sender that went
-        quiet keeps the last figure). Starts a new period. Positive: the sender's clock lags."""
+        over every accepted request of its that could still be replayed (its nonce not yet
+        expired: up to 300 s past its timestamp), so after a crash no such request is signed at
+        or after ``start − offset`` (issue 26: the last two ticks' smallest let a sender whose
+        clock stepped back shortly before the crash have an older request replayed once). A
+        sender with no such request keeps the last figure. Positive: the sender's clock lags."""
+        now = self._clock() if now_ms is None else now_ms
         with self._lock:
             out: dict[str, int] = {}
             for sender, entry in self._senders.items():
-                lags = [v for v in (entry.lag_ms, entry.prev_lag_ms) if v is not None]
-                if lags:
-                    entry.known_lag_ms = min(lags)
-                entry.prev_lag_ms, entry.lag_ms = entry.lag_ms, None
+                live = entry.live_lag(now)
+                if live is not None:
+                    entry.known_lag_ms = live
                 if entry.known_lag_ms is not None:
                     out[sender] = entry.known_lag_ms
             return out
@@ -765,6 +783,10 @@ class NonceCache:
                     entry.seen[nonce] = expires_at
             entry.earliest = min(entry.seen.values(), default=None)
             entry.known_lag_ms = lag_ms
+            if lag_ms is not None and entry.earliest is not None:
+                # the last process accepted these with lags no smaller than its figure: it counts
+                # for as long as they could be replayed, should this process crash in turn
+                entry.note_lag(lag_ms, max(entry.seen.values()))
             entry.not_before_ms = not_before_ms
 
     def __len__(self) -> int:

@@ -43,6 +43,32 @@ class Tailnet:
         status = await self.status()
         return status.suffix.strip(".").lower() if status.suffix else None
 
+    async def name_refusal(self, fqdn: str, *, unknown_suffix_ok: bool) -> str | None:
+        """Why ``fqdn`` (normalised) is not a device of this tailnet, or None when it may be.
+
+        It must be under this tailnet's MagicDNS suffix and, where a directory can list the
+        tailnet's devices (the Admin API, with its credential), one of them; a directory that
+        cannot answer is passed over (the check falls back to the suffix, and the directory
+        says so itself). ``unknown_suffix_ok``: what to answer while no suffix is known — a
+        pairing request to a node on no tailnet has nothing to compare against and is let in;
+        a name a peer taught this node (a rename, a pair-by-address answer) is not, because
+        this node would then dial it for every forward."""
+        suffix = await self.suffix()
+        if suffix is None:
+            return None if unknown_suffix_ok else "this node cannot tell its tailnet's MagicDNS suffix right now"
+        if not fqdn.endswith("." + suffix):
+            return f"{fqdn} is not under this tailnet's MagicDNS suffix ({suffix})"
+        for directory in self.directories:
+            if not directory.configured():
+                continue
+            try:
+                members = await directory.members()
+            except Exception:  # noqa: BLE001 - an unreachable Admin API degrades to the suffix check
+                members = None
+            if members is not None and fqdn not in {normalize_peer_fqdn(m) for m in members}:
+                return f"{fqdn} is not a device of this tailnet (the {directory.name} directory does not list it)"
+        return None
+
 
 def peer_url_overrides(raw: str | None) -> dict[str, str]:
     """HUB_POOL_PEER_URLS: a JSON map of FQDN to base URL, for several nodes on one machine."""

@@ -2,6 +2,14 @@
 
 Metadata only — never a prompt, a body or a header. Rows are plain dicts in the wire
 shape so serving them costs no conversion; ``updatedAt`` drives the ``since`` cursor.
+
+Bounded in what it holds, not only in how many rows (issue 26, docs/reliability.md "The
+edge"): every string a row keeps is cut to :data:`MAX_TEXT` characters, the bound of the
+history's columns, because a model name comes from whoever sent the request (a caller put
+2 MiB in ``X-Hub-Pool-Model`` and the ring kept it). A refusal of a caller the peer guard did
+not admit goes to a small ring of its own (:data:`REFUSAL_CAPACITY`) under an id this node
+mints, so a flood of them can neither push real decisions out of the ring nor replace a row
+by naming its id; they are counted in ``summary.unauthenticatedRefusals``.
 """
 
 from __future__ import annotations
@@ -15,6 +23,10 @@ from typing import Any
 DEFAULT_CAPACITY = 200
 MAX_CAPACITY = 10_000
 DEFAULT_PAGE = 200
+#: the longest string a row keeps (the routing history's columns hold as much)
+MAX_TEXT = 300
+#: refusals of unauthenticated callers kept, in a ring of their own beside the decisions
+REFUSAL_CAPACITY = 50
 
 PLACEMENT_SECTIONS = ("pin", "promptCeiling", "contextCap", "slots", "throughput", "contention", "affinity", "ttft")
 #: a row's fields in the order open() builds them. A finished row in this shape is kept as a
@@ -72,6 +84,30 @@ def _ts(iso: str) -> datetime:
     return datetime.fromisoformat(iso.replace("Z", "+00:00"))
 
 
+def _cut(value: Any) -> Any:
+    """``value`` with every string in it cut to :data:`MAX_TEXT`, lists and dicts walked (a
+    row's sections and attempts are a few levels deep). Unchanged objects are returned as
+    they are, so a row with nothing long costs a scan and no copy."""
+    kind = type(value)
+    if kind is str:
+        return value if len(value) <= MAX_TEXT else value[:MAX_TEXT]
+    if kind is list or kind is tuple:
+        cut = [_cut(v) for v in value]
+        return value if all(a is b for a, b in zip(cut, value, strict=True)) else kind(cut)
+    if kind is dict:
+        pairs = {_cut(k): _cut(v) for k, v in value.items()}
+        return value if all(a is b for a, b in zip(pairs.values(), value.values(), strict=True)) \
+            and len(pairs) == len(value) else pairs
+    return value
+
+
+def _cut_top(fields: dict[str, Any]) -> None:
+    """Cut the long strings among a row's own fields in place (the common case: none)."""
+    for key, value in fields.items():
+        if type(value) is str and len(value) > MAX_TEXT:
+            fields[key] = value[:MAX_TEXT]
+
+
 class RoutingLog:
     def __init__(self, capacity: int = DEFAULT_CAPACITY):
         self.capacity = max(DEFAULT_CAPACITY, min(MAX_CAPACITY, capacity))
@@ -82,6 +118,9 @@ class RoutingLog:
         self.boot_id = str(uuid.uuid4())
         self.started_at = now_iso()
         self.total_recorded = 0
+        #: refusals of callers no guard admitted, newest last, apart from the decisions
+        self.refusals: deque[dict[str, Any]] = deque(maxlen=REFUSAL_CAPACITY)
+        self.unauthenticated_refusals = 0
 
     def open(self, *, direction: str, path: str, model: str | None, request_id: str | None = None,
              **fields: Any) -> dict[str, Any]:
@@ -93,6 +132,7 @@ class RoutingLog:
         row["direction"], row["path"], row["model"] = direction, path, model
         row["failedOverFrom"], row["attempts"] = [], []
         row.update(fields)
+        _cut_top(row)
         if row["id"] in self.rows:  # an id reused (a peer re-sending): keep ids unique in the ring
             self.rows.pop(row["id"])
         self.rows[row["id"]] = row
@@ -101,6 +141,21 @@ class RoutingLog:
             self.rows.popitem(last=False)
         self._compact()
         self._loose.append(row)
+        return row
+
+    def open_refusal(self, *, direction: str, path: str, model: str | None, **fields: Any) -> dict[str, Any]:
+        """A row for a caller no guard admitted: kept in :attr:`refusals`, never in the ring of
+        decisions, under an id minted here (the caller's would let it replace a real row). The
+        caller settles it with :meth:`touch`, as any row."""
+        row = _TEMPLATE.copy()
+        row["id"] = str(uuid.uuid4())
+        row["at"] = row["updatedAt"] = now_iso()
+        row["direction"], row["path"], row["model"] = direction, path, model
+        row["failedOverFrom"], row["attempts"] = [], []
+        row.update(fields)
+        _cut_top(row)
+        self.refusals.append(row)
+        self.unauthenticated_refusals += 1
         return row
 
     def _compact(self) -> None:
@@ -114,6 +169,9 @@ class RoutingLog:
             if row["totalMs"] is None:
                 loose.append(row)  # still in flight (a long stream): looked at again later
                 continue
+            for key, value in row.items():  # finished: the strings inside its sections are cut too
+                if value is not None and type(value) is not str and type(value) is not int:
+                    row[key] = _cut(value)
             if tuple(row) != ROW_KEYS:
                 continue  # a row with fields of its own stays a dict
             values = list(row.values())
@@ -132,17 +190,29 @@ class RoutingLog:
                 out[ROW_KEYS[i]] = []
         return out
 
+    def _all(self) -> list[dict[str, Any] | tuple[Any, ...]]:
+        """The decisions, then the kept refusals of unauthenticated callers, as stored."""
+        rows: list[dict[str, Any] | tuple[Any, ...]] = list(self.rows.values())
+        rows.extend(self.refusals)
+        return rows
+
     def entries(self) -> list[dict[str, Any]]:
-        """Every row in the ring, oldest first, in the wire shape."""
-        return [self._as_dict(r) for r in self.rows.values()]
+        """Every row the log holds, oldest first, in the wire shape."""
+        rows = self._all()
+        if self.refusals:
+            rows.sort(key=_field("at"))
+        return [self._as_dict(r) for r in rows]
 
     def touch(self, row: dict[str, Any], **changes: Any) -> None:
+        for key, value in changes.items():
+            if type(value) is str and len(value) > MAX_TEXT:
+                changes[key] = value[:MAX_TEXT]
         row.update(changes)
         row["updatedAt"] = now_iso()
 
     def query(self, limit: int | None = None, since: datetime | None = None) -> dict[str, Any]:
         limit = DEFAULT_PAGE if limit is None else limit
-        rows = list(self.rows.values())  # as stored: only the page is turned into dicts
+        rows = self._all()  # as stored: only the page is turned into dicts
         at, updated = _field("at"), _field("updatedAt")
         if since is None:
             matched = rows
@@ -159,7 +229,7 @@ class RoutingLog:
                 "nextSince": next_since}
 
     def summary(self) -> dict[str, Any]:
-        rows = list(self.rows.values())
+        rows = self._all()
         outcome, error, failed_over = _field("outcome"), _field("requestError"), _field("failedOverFrom")
         closed, at = _field("clientClosed"), _field("at")
         served = sum(1 for r in rows if outcome(r) == "served")
@@ -179,6 +249,7 @@ class RoutingLog:
             "lastAt": max((at(r) for r in rows), default=None),
             "oldestAt": min((at(r) for r in rows), default=None),
             "totalRecorded": self.total_recorded,
+            "unauthenticatedRefusals": self.unauthenticated_refusals,
             "bootId": self.boot_id,
             "startedAt": self.started_at,
         }

@@ -15,9 +15,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from hubpool_core import __version__
-from hubpool_core.access.guards import operator_refusal
+from hubpool_core.access.guards import operator_refusal, source_ip, trusts_proxy
 from hubpool_core.access.sessions import CSRF_FIELD, SESSION_SECONDS, Session, cookie_header, csrf_ok, store_for
 from hubpool_core.api import operator
+from hubpool_core.api.edge import BodyTooLarge, read_capped
 from hubpool_core.config import NOT_PATCHABLE, PREFERENCE_KEYS, PoolSettings, describe_range
 from hubpool_core.telemetry.annotations import annotations as row_notes
 from hubpool_core.telemetry.charts import WINDOWS, chart_series, window_bounds
@@ -26,6 +27,10 @@ from hubpool_core.web.setting_words import SETTING_WORDS
 HERE = Path(__file__).parent
 STATIC_DIR = HERE / "static"
 P = "/api/inference/pool"
+#: the largest form a page posts (the sign-in form holds one key): anything larger is refused
+#: before it is read, because /ui/signin answers anyone
+MAX_FORM_BYTES = 8192
+TOO_LARGE = f"That form is larger than this page sends (at most {MAX_FORM_BYTES} bytes)."
 #: headers a reverse proxy sets: shown on the landing page so the operator can see what
 #: the proxy claimed, never used to build a URL or decide anything
 FORWARDED = ("forwarded", "x-forwarded-for", "x-forwarded-host", "x-forwarded-proto", "x-forwarded-port",
@@ -90,10 +95,13 @@ async def signin_form(request: Request) -> Response:
     return _page("signin.html", error=None)
 
 
-async def _form(request: Request) -> dict[str, str]:
-    raw = await request.body()
-    if len(raw) > 8192:
-        return {}
+async def _form(request: Request) -> dict[str, str] | None:
+    """The posted form's fields, or None when the body is larger than any form of these pages
+    (refused on its Content-Length before reading, or as soon as a chunked body passes it)."""
+    try:
+        raw = await read_capped(request, MAX_FORM_BYTES)
+    except BodyTooLarge:
+        return None
     try:
         parsed = parse_qs(raw.decode("utf-8"), keep_blank_values=True, max_num_fields=10)
     except (UnicodeDecodeError, ValueError):
@@ -103,17 +111,25 @@ async def _form(request: Request) -> dict[str, str]:
 
 async def signin(request: Request) -> Response:
     """Trade the operator key for a session cookie; the key itself is never stored in the browser."""
-    keys = request.app.state.node.keys
+    node = request.app.state.node
+    keys = node.keys
     store = store_for(keys)
-    if not store.sign_in_allowed():
+    # the limit is per source (spec "What a source means"): one caller guessing must not lock
+    # the operator at another address out; callers behind an untrusted proxy share one count
+    source = source_ip(request.client.host if request.client else None, request.headers,
+                       trusts_proxy(node.env.trust_proxy))
+    if not store.sign_in_allowed(source):
         return _page("signin.html", status=429, headers={"Retry-After": "60"},
-                     error="Too many wrong keys in the last minute. Wait a minute, then try again.")
+                     error="Too many wrong keys from this address in the last minute. Wait a minute, then try "
+                           "again.")
     form = await _form(request)
+    if form is None:
+        return _page("signin.html", status=413, error=TOO_LARGE)
     key = (form.get("key") or "").strip()
     principal = keys.resolve(key) if key else None
     if principal is None or principal.scope != "operator":
         if key:
-            store.failed_sign_in()
+            store.failed_sign_in(source)
         message = ("Enter the operator key." if not key else
                    "That is not an operator key of this node. It is in operator.key in the node's data directory.")
         return _page("signin.html", status=401, error=message)
@@ -131,6 +147,8 @@ async def signout(request: Request) -> Response:
     session = _session(request)
     if session is not None:
         form = await _form(request)
+        if form is None:
+            return JSONResponse({"error": TOO_LARGE}, status_code=413)
         if not csrf_ok(session, form.get(CSRF_FIELD) or request.headers.get("x-csrf-token")):
             return JSONResponse({"error": "Sign-out needs the page's CSRF token; reload the page and try again",
                                  "code": "AUTH_ERROR_CSRF"}, status_code=403)
