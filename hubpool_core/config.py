@@ -8,15 +8,30 @@ point of use, not cached here.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import threading
 from pathlib import Path
 from typing import Annotated, Any, cast
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, StringConstraints, ValidationError
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_PORT = 5002
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+
+log = logging.getLogger("hubpool.config")
 
 
 def _default_data_dir() -> Path:
@@ -39,7 +54,7 @@ class EnvSettings(BaseSettings):
     operator_key: str | None = _alias("HUB_POOL_OPERATOR_KEY")
     plugins_disabled: str = Field(default="", validation_alias="HUB_POOL_PLUGINS_DISABLED")
     peer_urls: str | None = _alias("HUB_POOL_PEER_URLS")
-    max_body_bytes: int = Field(default=32 * 1024 * 1024, validation_alias="HUB_POOL_MAX_BODY_BYTES")
+    max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, validation_alias="HUB_POOL_MAX_BODY_BYTES")
 
     # kill switches: only the literal string "true" counts, as in the spec
     user_disabled: str | None = _alias("HUB_POOL_USER_DISABLED")
@@ -82,7 +97,6 @@ class EnvSettings(BaseSettings):
     hardware_tier: str | None = _alias("HUB_POOL_HARDWARE_TIER")
     trust_proxy: str | None = _alias("HUB_TRUST_PROXY")
 
-
     _environ: dict[str, str] = PrivateAttr(default_factory=lambda: dict(os.environ))
 
     @classmethod
@@ -103,23 +117,39 @@ class EnvSettings(BaseSettings):
     def environ(self) -> dict[str, str]:
         return self._environ
 
+    @field_validator("max_body_bytes", mode="before")
+    @classmethod
+    def _strict_body_limit(cls, raw: Any) -> Any:
+        if not isinstance(raw, str):
+            return raw
+        value = whole_in_range(raw, 1, None)
+        if value is None:
+            refuse_once("HUB_POOL_MAX_BODY_BYTES", raw, "a whole number of bytes from 1")
+            return DEFAULT_MAX_BODY_BYTES
+        return value
+
+    @model_validator(mode="after")
+    def _strict_numbers(self) -> EnvSettings:
+        """Every numeric variable through one strict parser: a value it refuses is logged once
+        and dropped here, so each reader sees it unset and uses its default."""
+        for name, (minimum, maximum) in WHOLE_NUMBER_ENV.items():
+            raw = getattr(self, name)
+            if raw is not None and raw.strip() and whole_in_range(raw, minimum, maximum) is None:
+                refuse_once(env_variable(name), raw, _whole_range_words(minimum, maximum))
+                setattr(self, name, None)
+        if _listen_port(self.listen) is None:
+            refuse_once("HUB_POOL_LISTEN", self.listen, "host:port with a port from 0 to 65535 (or a bare port)")
+            self.listen = f"127.0.0.1:{DEFAULT_PORT}"
+        return self
+
     @property
     def host_port(self) -> tuple[str, int]:
         """``HUB_POOL_LISTEN`` as (host, port); a bare port binds loopback."""
-        value = self.listen.strip()
-        if value.isdigit():
-            return "127.0.0.1", int(value)
-        host, _, port = value.rpartition(":")
-        return (host.strip("[]") or "127.0.0.1"), int(port or DEFAULT_PORT)
+        return listen_host_port(self.listen)
 
     @property
     def base_url(self) -> str:
-        host, port = self.host_port
-        if host in ("0.0.0.0", "::", ""):
-            host = "127.0.0.1"
-        if ":" in host:
-            host = f"[{host}]"
-        return f"http://{host}:{port}"
+        return local_base_url(self.listen)
 
     @property
     def disabled_plugin_names(self) -> set[str]:
@@ -139,14 +169,118 @@ class EnvSettings(BaseSettings):
 
 
 
-def env_int(raw: str | None, *, minimum: int, maximum: int | None = None) -> int | None:
-    """Parse an integer environment value, ``None`` when absent, malformed or out of range."""
-    if raw is None or not raw.strip().lstrip("-").isdigit():
+# -- numbers from the environment, query strings and the command line ---------------------
+
+#: a whole number as an operator types one: ASCII digits after at most one minus. ``str.isdigit``
+#: and ``int`` also take "²", "٣" or "１２" (and isdigit then int raises); 18 digits keep int()
+#: far from its length limit
+_WHOLE = re.compile(r"-?[0-9]{1,18}")
+_DECIMAL = re.compile(r"-?[0-9]{1,18}(?:\.[0-9]{1,18})?")
+
+#: every whole-number variable read from the environment: field -> (minimum, maximum). A value
+#: outside, or not a whole number at all, is logged once and ignored (the default applies), as
+#: the spec says of HUB_POOL_MAX_PROMPT_TOKENS: "ignored rather than guessed at".
+WHOLE_NUMBER_ENV: dict[str, tuple[int, int | None]] = {
+    "max_prompt_tokens": (1024, 1_048_576),
+    "first_byte_timeout_ms": (1, None),
+    "completion_timeout_ms": (1, None),
+    "min_prefill_tokens_per_sec": (1, None),
+    "routing_log_size": (0, None),  # then held to 200-10,000 where the ring is built
+    "history_flush_ms": (50, 60_000),
+    "dev_health_poll_seconds": (1, 300),
+    "dev_first_byte_floor_ms": (100, 15_000),
+    "dev_clock_offset_ms": (-86_400_000, 86_400_000),
+}
+
+
+def parse_whole(raw: str | None) -> int | None:
+    """``raw`` as a whole number (ASCII digits, one optional leading minus, blanks around
+    ignored), or None when it is not one: never an exception."""
+    if raw is None:
         return None
-    value = int(raw.strip())
-    if value < minimum or (maximum is not None and value > maximum):
+    text = raw.strip()
+    return int(text) if _WHOLE.fullmatch(text) else None
+
+
+def parse_decimal(raw: str | None) -> float | None:
+    """``raw`` as a number with an optional fraction (``1.5``), by the same ASCII rule; no
+    exponent, ``inf`` or ``nan``."""
+    if raw is None:
+        return None
+    text = raw.strip()
+    return float(text) if _DECIMAL.fullmatch(text) else None
+
+
+def whole_in_range(raw: str | None, minimum: int | None, maximum: int | None) -> int | None:
+    """:func:`parse_whole`, and None as well when the number is outside the bounds given."""
+    value = parse_whole(raw)
+    if value is None or (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         return None
     return value
+
+
+def env_int(raw: str | None, *, minimum: int, maximum: int | None = None) -> int | None:
+    """Parse an integer environment value, ``None`` when absent, malformed or out of range."""
+    return whole_in_range(raw, minimum, maximum)
+
+
+def _whole_range_words(minimum: int | None, maximum: int | None) -> str:
+    if minimum is not None and maximum is not None:
+        return f"a whole number from {minimum} to {maximum}"
+    return f"a whole number from {minimum}" if minimum is not None else "a whole number"
+
+
+def env_variable(field: str) -> str:
+    """The environment variable an :class:`EnvSettings` field is read from."""
+    alias = EnvSettings.model_fields[field].validation_alias
+    return alias if isinstance(alias, str) else cast(AliasChoices, alias).choices[0]  # type: ignore[return-value]
+
+
+#: (variable, value) pairs already said: each refused value is logged once per process
+_REFUSED: set[tuple[str, str]] = set()
+
+
+def refuse_once(variable: str, raw: str, expected: str) -> None:
+    """Say once that ``variable`` holds a value that is ignored (and its default used)."""
+    key = (variable, raw)
+    if key in _REFUSED:
+        return
+    if len(_REFUSED) < 1024:  # a bound, though a process meets only a few variables
+        _REFUSED.add(key)
+    log.warning("%s=%r is not %s: it is ignored rather than guessed at, and the default applies",
+                variable, raw[:80], expected)
+
+
+def _listen_port(listen: str) -> int | None:
+    value = listen.strip()
+    port = value if ":" not in value else value.rpartition(":")[2]
+    return whole_in_range(port, 0, 65_535) if port else DEFAULT_PORT
+
+
+def listen_host_port(listen: str) -> tuple[str, int]:
+    """``HUB_POOL_LISTEN`` as (host, port); a bare port binds loopback."""
+    value = listen.strip()
+    if ":" not in value:
+        return "127.0.0.1", _listen_port(value) or DEFAULT_PORT
+    host, _, _ = value.rpartition(":")
+    return (host.strip("[]") or "127.0.0.1"), _listen_port(value) or DEFAULT_PORT
+
+
+def local_base_url(listen: str) -> str:
+    """Where a process on this machine reaches a node listening on ``listen``: a wildcard
+    address is dialled on loopback, an IPv6 one in brackets. The CLI, `hubpool service` and
+    doctor's fix for C2 (the `tailscale serve` line) all use this one mapping."""
+    host, port = listen_host_port(listen)
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+def tailscale_serve_line(listen: str) -> str:
+    """The command that publishes the node at https://<this machine's tailnet name>."""
+    return f"tailscale serve --bg --https=443 {local_base_url(listen)}"
 
 
 def env_flag_off(name: str) -> bool:

@@ -6,13 +6,18 @@ hangs up, and with the setting off places exactly as before."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import socket
 import threading
 import time
 from contextlib import ExitStack
 
 import httpx
 import pytest
-from harness import fqdn, make_pool, poll_until_offered
+from aiohttp import web
+from aiohttp_thread import ThreadedApp
+from harness import RunningNode, fqdn, make_pool, poll_until_offered
 from harness import pair as pair_nodes
 
 from hubpool_sim import SimConfig, SimModel, run_in_thread
@@ -200,3 +205,136 @@ def test_with_the_setting_off_nothing_queues(pool):
     r = bg.results["third"][0]
     assert r.status_code == 200 and "x-hub-pool-queued-ms" not in r.headers
     assert row(a, r.headers["x-hub-pool-request-id"])["queuedMs"] is None
+
+
+class _Gated:
+    """An Ollama-shaped engine the test steers: a turn saying "hold" answers only when
+    ``release`` is set, and while ``tags_delay`` is set its inventory (which a placement reads
+    on every pass of the queue's pump, the probe TTL being 0) takes that long to answer.
+    It keeps the X-Hub-Pool-* headers of each turn."""
+
+    def __init__(self):
+        self.release = threading.Event()
+        self.tags_delay = 0.0
+        self.tags_started = self.tags_done = 0
+        self.turns: list[dict] = []
+
+    def app(self) -> web.Application:
+        async def tags(request):
+            if self.tags_delay:
+                self.tags_started += 1
+                await asyncio.sleep(self.tags_delay)
+                self.tags_done += 1
+            return web.json_response({"models": [{"name": MODEL, "model": MODEL, "size": 1, "digest": "d",
+                                                  "details": {"parameter_size": "8B"}}]})
+
+        async def ps(request):
+            return web.json_response({"models": [{"name": MODEL, "model": MODEL, "size_vram": 1,
+                                                  "context_length": 8192}]})
+
+        async def version(request):
+            return web.json_response({"version": "0.12.6"})
+
+        async def chat(request):
+            body = await request.json()
+            self.turns.append({k.lower(): v for k, v in request.headers.items() if k.lower().startswith("x-hub-pool")})
+            if body["messages"][-1]["content"] == "hold":
+                while not self.release.is_set():
+                    await asyncio.sleep(0.01)
+            return web.json_response({"model": MODEL, "message": {"role": "assistant", "content": "ok"},
+                                      "done": True, "done_reason": "stop"})
+
+        app = web.Application()
+        app.router.add_get("/api/tags", tags)
+        app.router.add_get("/api/ps", ps)
+        app.router.add_get("/api/version", version)
+        app.router.add_post("/api/chat", chat)
+        return app
+
+
+@pytest.fixture
+def gated(tmp_path):
+    """One node, its Ollama stated to run one request at a time, the queue on."""
+    engine = _Gated()
+    env = {"HUB_POOL_DEV_FIRST_BYTE_FLOOR_MS": "1000", "HUB_POOL_FIRST_BYTE_TIMEOUT_MS": "2500",
+           "HUB_POOL_COMPLETION_TIMEOUT_MS": "6000"}
+    with ThreadedApp(engine.app()) as server, RunningNode(tmp_path / "n", {"OLLAMA_URL": server.url, **env}) as node:
+        op(node, "PATCH", "/settings", {"poolAdmissionQueue": 4})
+        with node.client(headers=node.headers()) as c:
+            assert c.patch("/api/inference/preferences", json={"ollamaSlots": 1}).status_code == 200
+        yield node, engine
+        engine.release.set()
+
+
+def native(node, content, headers=None, timeout=30):
+    return httpx.post(node.url + "/api/chat", headers=headers or {}, timeout=timeout,
+                      json={"model": MODEL, "stream": False, "messages": [{"role": "user", "content": content}]})
+
+
+def test_a_waiter_whose_app_hangs_up_while_the_pump_places_it_leaks_no_slot(gated):
+    """Issue 26.11: the app hung up while the pump awaited the placement of its request; the
+    pump went on to reserve a slot for it that nobody would ever release: inFlightRequests
+    stayed 1 with nothing running, and every later queued request waited out its budget."""
+    node, engine = gated
+    bg = threading.Thread(target=native, args=(node, "hold"), kwargs={"timeout": 60})
+    bg.start()
+    assert until(lambda: node.node.load.local == 1)
+    body = json.dumps({"model": MODEL, "stream": False, "messages": [{"role": "user", "content": "queued"}]})
+    app = socket.create_connection(("127.0.0.1", node.port))  # an app whose hang-up the test times
+    app.sendall(f"POST /api/chat HTTP/1.1\r\nHost: n\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
+    assert until(lambda: node.node.admission.status()["queued"] == 1)
+    engine.tags_delay = 3.0  # each placement now waits 3 s on the engine's inventory
+    started = engine.tags_started
+    assert until(lambda: engine.tags_started > started)  # the pump is placing it, for 3 s
+    engine.release.set()  # meanwhile the slot frees: this placement will find it free ...
+    bg.join(30)
+    assert until(lambda: node.node.load.local == 0, timeout=2)
+    app.close()  # ... and the app gives up before it ends
+    assert until(lambda: node.node.admission.status()["abandoned"] == 1)
+    assert until(lambda: engine.tags_done >= engine.tags_started)  # that placement finished
+    engine.tags_delay = 0.0
+    assert until(lambda: node.node.admission.status()["queued"] == 0)
+    assert until(lambda: node.node.load.local == 0, timeout=3), "a slot stayed reserved for a gone app"
+    assert op(node, "GET", "/status")["localNode"]["inFlightRequests"] == 0
+    r = native(node, "after")  # not queued behind a phantom: served at once
+    assert r.status_code == 200 and "x-hub-pool-queued-ms" not in r.headers, (r.status_code, r.text)
+
+
+@pytest.mark.parametrize("header,source", [("X-Hub-Pool-Session", "X-Hub-Pool-Session"), ("session-id", "session-id")])
+def test_a_queued_request_keeps_its_session_source(gated, header, source):
+    """Issue 26.11: placed again by the queue, the request lost where its session came from:
+    the affinity row named the wrong source and X-Hub-Pool-Session was not forwarded."""
+    node, engine = gated
+    op(node, "PATCH", "/settings", {"poolPrefixAffinityMaxInFlight": 2})
+    bg = threading.Thread(target=native, args=(node, "hold"), kwargs={"timeout": 60})
+    bg.start()
+    assert until(lambda: node.node.load.local == 1)
+    results = {}
+    waiter = threading.Thread(target=lambda: results.setdefault("r", native(node, "queued", {header: "sess-1"})))
+    waiter.start()
+    assert until(lambda: node.node.admission.status()["queued"] == 1)
+    engine.release.set()
+    bg.join(30)
+    waiter.join(30)
+    r = results["r"]
+    assert r.status_code == 200 and "x-hub-pool-queued-ms" in r.headers, r.text
+    entry = row(node, r.headers["x-hub-pool-request-id"])
+    assert entry["affinity"]["key"] == "header" and entry["affinity"]["keySource"] == source, entry["affinity"]
+    sent = engine.turns[-1].get("x-hub-pool-session")
+    assert sent == ("sess-1" if header == "X-Hub-Pool-Session" else None), engine.turns[-1]
+
+
+def test_a_queued_agent_request_past_its_budget_gets_its_dialects_503(gated):
+    """Every 503 and 502 on the agent routes is in the dialect's own shape (issue 26.25 checked
+    this one too: it already was)."""
+    node, _ = gated
+    bg = threading.Thread(target=native, args=(node, "hold"), kwargs={"timeout": 60})
+    bg.start()
+    assert until(lambda: node.node.load.local == 1)
+    r = httpx.post(node.url + "/v1/messages", timeout=30, json={
+        "model": MODEL, "max_tokens": 5, "stream": True, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1, r.text
+    body = r.json()
+    assert body["type"] == "error" and body["error"]["type"] == "api_error", body
+    assert "stayed busy" in body["error"]["message"]

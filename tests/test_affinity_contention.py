@@ -4,12 +4,14 @@ engine contention")."""
 
 from __future__ import annotations
 
+import json
+import socket
 import threading
 from contextlib import ExitStack
 
 import httpx
 import pytest
-from harness import fqdn, make_pool
+from harness import fqdn, make_pool, wait_until
 from harness import pair as pair_nodes
 
 from hubpool_sim import SimConfig, SimModel, run_in_thread
@@ -157,3 +159,36 @@ def test_a_local_engine_busy_with_another_model_gives_way_to_the_idle_peer(pair,
     finally:
         worker.join(60)
     assert done.is_set()
+
+
+def test_an_embedding_in_flight_is_no_contention(tmp_path):
+    """Issue 26.15: a chat gave up its local head start because the engine was embedding; the
+    spec's contention counts only generations. The local engine busy with another model's
+    embedding keeps its place; its generation still makes it give way."""
+    with ExitStack() as stack:
+        sims = {
+            "hub-a": stack.enter_context(run_in_thread(SimConfig(flavor="ollama", models=[
+                SimModel(MODEL), SimModel("nomic-embed-text", embedding=True)], decode_ms_per_token=0))),
+            "hub-b": stack.enter_context(run_in_thread(SimConfig(flavor="ollama", models=[SimModel(MODEL)],
+                                                                 decode_ms_per_token=0))),
+        }
+        nodes = make_pool(tmp_path, list(sims), per_node={n: {"OLLAMA_URL": s.url} for n, s in sims.items()})
+        for n in nodes.values():
+            stack.enter_context(n)
+        a = nodes["hub-a"]
+        pair_nodes(a, nodes["hub-b"])
+        poll_all(nodes)
+        sims["hub-a"].add_fault("hang", model="nomic-embed-text", count=1)  # an embedding that takes its time
+        body = json.dumps({"model": "nomic-embed-text", "input": "a long document"})
+        embedding = socket.create_connection(("127.0.0.1", a.port))
+        stack.callback(embedding.close)
+        embedding.sendall(f"POST /api/embed HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n"
+                          f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
+        assert wait_until(lambda: a.node.load.local == 1)
+        # local 1 in flight ties the peer's 0 + the head start of 1: it keeps it, nothing contends
+        r = chat(a, [{"role": "user", "content": "hello"}])
+        assert r.status_code == 200, r.text
+        assert row(a, r)["contention"] is None, row(a, r)["contention"]
+        assert r.headers["x-hub-pool-served-by"] == "local"
+        embedding.close()
+        assert wait_until(lambda: a.node.load.local == 0)

@@ -35,7 +35,9 @@ def test_every_subcommand_has_help(command):
 
 
 def test_api_keys_create_list_revoke(tmp_path):
-    env = {"HUB_POOL_DATA_DIR": str(tmp_path)}
+    # a node's data directory (a directory no node uses is refused: issue 26 item 22)
+    RunningNode(tmp_path).start().stop()
+    env = {"HUB_POOL_DATA_DIR": str(tmp_path), "HUB_POOL_LISTEN": "127.0.0.1:9"}
     r = hubpool("api-key", "create", "--scope", "inference", "--name", "editor", env=env)
     assert r.returncode == 0, r.stderr
     key = r.stdout.strip()

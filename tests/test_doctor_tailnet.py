@@ -6,22 +6,33 @@ every check ready (tests/web/test_guide_check.py shows the guide skipping it).""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
-from harness import RunningNode, tailnet_status_for
+import pytest
+from harness import RunningNode, bound_socket, tailnet_status_for
+from typer.testing import CliRunner
+
+from hubpool_core.cli.commands import app
 
 P = "/api/inference/pool"
 RECORDED = Path(__file__).resolve().parents[1] / "plugins" / "tailscale_daemon" / "tests" / "data"
 ME = "hub-a.example-tailnet.ts.net"
 
 
-def node_with(tmp_path: Path, status: dict, serve: str | None, port_from_serve: bool = True) -> RunningNode:
+def node_with(tmp_path: Path, status: dict, serve: str | None, port_from_serve: bool = True,
+              listen: str | None = None) -> RunningNode:
     """A node whose daemon answers ``status``, and `serve status` with the recorded ``serve``
-    file (rewritten to proxy to this node's own port when ``port_from_serve``)."""
+    file (rewritten to proxy to this node's own port when ``port_from_serve``). ``listen`` is
+    its HUB_POOL_LISTEN with ``{port}`` for its port (it is served on loopback either way)."""
     answers = tmp_path / "tailscale"
     answers.mkdir(exist_ok=True)
     (answers / "hub-a.json").write_text(json.dumps(status))
-    node = RunningNode(tmp_path / "hub-a", {"HUB_POOL_TAILSCALE_CLI": str(answers / "hub-a.json")})
+    sock = bound_socket()
+    env = {"HUB_POOL_TAILSCALE_CLI": str(answers / "hub-a.json")}
+    if listen is not None:
+        env["HUB_POOL_LISTEN"] = listen.format(port=sock.getsockname()[1])
+    node = RunningNode(tmp_path / "hub-a", env, sock=sock)
     if serve is not None:
         text = (RECORDED / serve).read_text()
         if port_from_serve:
@@ -66,6 +77,27 @@ def test_serve_not_configured_needs_action_with_the_command(tmp_path):
         assert c2["verdict"] == "needs action"
         assert c2["detail"].startswith(f"`tailscale serve` publishes nothing at https://{ME}/")
         assert c2["fix"] == f"tailscale serve --bg --https=443 http://127.0.0.1:{n.port}"
+
+
+@pytest.mark.parametrize(("listen", "target"), [
+    ("0.0.0.0:{port}", "http://127.0.0.1:{port}"),
+    ("[::]:{port}", "http://127.0.0.1:{port}"),
+    ("[::1]:{port}", "http://[::1]:{port}"),
+    ("{port}", "http://127.0.0.1:{port}"),
+], ids=["ipv4-wildcard", "ipv6-wildcard", "ipv6-loopback", "bare-port"])
+def test_the_serve_fix_maps_the_listen_address_as_the_service_line_does(tmp_path, listen, target):
+    """Issue 26 item 24: on main C2's fix was built from the raw HUB_POOL_LISTEN
+    (`http://0.0.0.0:5002`, `http://:::5002`), which `tailscale serve` cannot proxy to."""
+    with node_with(tmp_path, running(), "serve_status_empty.json", listen=listen) as n:
+        c2 = doctor(n)["C2"]
+        listen_value = listen.format(port=n.port)
+    assert c2["fix"] == f"tailscale serve --bg --https=443 {target.format(port=n.port)}", c2
+    # the very line `hubpool service install` prints for the same address
+    r = CliRunner().invoke(app, ["service", "install", "--user", "--dry-run", "--platform", "linux", "--exec",
+                                 sys.executable, "--listen", listen_value],
+                           env={"HOME": str(tmp_path / "home"), "XDG_CONFIG_HOME": "", "XDG_STATE_HOME": ""})
+    assert r.exit_code == 0, r.output
+    assert f"  {c2['fix']}" in r.stdout.splitlines(), r.stdout
 
 
 def test_serve_fronting_another_port_needs_action(tmp_path):

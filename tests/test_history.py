@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
-from harness import RunningNode
+from harness import RunningNode, wait_until
 
 from hubpool_core.store import Database
 from hubpool_core.store.history import HistoryStore, parse_when
@@ -222,5 +222,136 @@ def test_the_recorder_batches_settled_rows_keeps_them_while_the_database_is_down
     assert db.batches == [ids]
     assert recorder.status() | {"flushMs": 0} == {"enabled": True, "flushMs": 0, "retentionDays": 7, "written": 3,
                                                   "batches": 1, "backlog": 0, "inFlight": 0, "dropped": 0,
-                                                  "error": None}
+                                                  "refused": 0, "error": None}
     assert db.pruned == [7]  # pruned on the first successful pass, then hourly
+
+
+def test_an_outage_part_way_through_a_row_by_row_batch_keeps_only_the_rows_left():
+    """The store writes a refused batch row by row; when the database goes away part-way, the
+    recorder keeps exactly the rows not yet written (the store says which) for its next try."""
+    import asyncio
+
+    from hubpool_core.store.history import HistoryWriteStopped
+    from hubpool_core.telemetry.history import HistoryRecorder
+    from hubpool_core.telemetry.routing_log import RoutingLog
+
+    class Halfway:
+        def __init__(self) -> None:
+            self.calls: list[list[str]] = []
+
+        def write(self, rows, boot_id):
+            self.calls.append([r["id"] for r in rows])
+            if len(self.calls) == 1:  # the first row goes, then the server is gone
+                raise HistoryWriteStopped(ConnectionError("server closed the connection"), 1, list(rows[1:]))
+            return len(rows)
+
+        def prune(self, retention_days):
+            return 0
+
+    async def run() -> tuple[Halfway, HistoryRecorder, list[str]]:
+        ring = RoutingLog()
+        db = Halfway()
+        recorder = HistoryRecorder(ring, db, flush_s=60, retention_days=7, clock=lambda: 0.0)
+        rows = [ring.open(direction="outbound", path="/api/chat", model="m:1b") for _ in range(3)]
+        for row in rows:
+            row.update(outcome="served", status=200, durationMs=5, totalMs=9, updatedAt="2026-01-01T00:00:00.000Z")
+        await recorder.flush()
+        assert recorder.status()["backlog"] == 2 and recorder.status()["written"] == 1
+        await recorder.flush()
+        return db, recorder, [r["id"] for r in rows]
+
+    db, recorder, ids = asyncio.run(run())
+    assert db.calls == [ids, ids[1:]]
+    assert recorder.status()["written"] == 3 and recorder.status()["refused"] == 0
+
+
+# -- issue 26 item 8: one row the database refuses never stops the history ----------------------
+
+#: what a caller can put in a model name that no column of the history can hold as it is
+LONG = "x" * 400
+NUL = "evil\u0000model"
+
+
+def _refuse_poison(url: str) -> None:
+    """The world refusing a row, whatever hubpool cleans: a rule in the database itself (a
+    CHECK on PostgreSQL, a trigger on SQLite) that refuses a model named poison*."""
+    from sqlalchemy import text
+
+    db = Database(url)
+    try:
+        with db.engine.begin() as conn:
+            if db.engine.dialect.name == "postgresql":
+                conn.execute(text("ALTER TABLE hub_pool_routing_history ADD CONSTRAINT refuse_poison "
+                                  "CHECK (model NOT LIKE 'poison%')"))
+            else:
+                conn.execute(text("CREATE TRIGGER refuse_poison BEFORE INSERT ON hub_pool_routing_history "
+                                  "WHEN NEW.model LIKE 'poison%' BEGIN SELECT RAISE(ABORT, 'poison refused'); END"))
+    finally:
+        db.dispose()
+
+
+def _columns(url: str) -> list[tuple]:
+    from sqlalchemy import text
+
+    db = Database(url)
+    try:
+        with db.engine.connect() as conn:
+            return list(conn.execute(text("SELECT request_id, model FROM hub_pool_routing_history")).all())
+    finally:
+        db.dispose()
+
+
+def test_a_refused_row_is_dropped_alone_and_history_goes_on(request, store_url, tmp_path, ollama_sim, caplog):
+    """On main (PostgreSQL) a model name over 300 characters or holding NUL failed its batch,
+    which was retried forever: nothing was written again, and a restart lost the backlog."""
+    import logging
+
+    data = tmp_path / "node"
+    env = {"OLLAMA_URL": ollama_sim.url, **_history_env(request, store_url)}
+    url = env["HUB_POOL_HISTORY"] if env["HUB_POOL_HISTORY"] != "sqlite" else f"sqlite:///{data / 'history.db'}"
+    with caplog.at_level(logging.WARNING, logger="hubpool.history"), RunningNode(data, env) as node:
+        # the columns' own limits: a long name and a NUL, each then followed by ordinary traffic
+        assert chat(node, LONG).status_code >= 400
+        assert chat(node, NUL).status_code >= 400
+        assert chat(node, "llama3.2:3b").status_code == 200
+        found = wait_history(node, 3)
+        assert found["matched"] == 3, found
+        ring = {e["id"]: e for e in get(node, "/routing-log?limit=200")["entries"]}
+        for entry in found["entries"]:
+            assert entry == ring[entry["id"]]  # the row itself, NUL and all, exactly as the ring holds it
+        # then a row the database itself refuses, in one batch with good ones: the loop is held
+        # and the test makes that one flush itself
+        _refuse_poison(url)
+        recorder = node.node.history
+        node.run(recorder._periodic.stop())
+        poison = chat(node, "poison:1b")
+        beside = [chat(node, "llama3.2:3b") for _ in range(2)]
+        assert poison.status_code >= 400 and all(r.status_code == 200 for r in beside)
+        ids = {r.headers["x-hub-pool-request-id"] for r in (poison, *beside)}
+
+        def settled_past_grace() -> bool:  # the recorder takes a row 250 ms after it settles
+            now = datetime.now(UTC)
+            rows = [e for e in get(node, "/routing-log?limit=200")["entries"] if e["id"] in ids]
+            return len(rows) == 3 and all(e["totalMs"] is not None and (now - datetime.fromisoformat(
+                e["updatedAt"].replace("Z", "+00:00"))).total_seconds() > 0.5 for e in rows)
+
+        assert wait_until(settled_past_grace, timeout=20)
+        batches = recorder.batches
+        node.run(recorder.flush())
+        assert recorder.batches == batches + 1 and recorder.status()["backlog"] == 0  # one batch, written
+        node.node.loop.call_soon_threadsafe(recorder.start)  # the loop again
+        after = [chat(node, "llama3.2:3b") for _ in range(3)]  # and history keeps going after it
+        done = wait_history(node, 8)
+        status = get(node, "/status")["history"]
+    written_after = {e["id"] for e in done["entries"]} & {r.headers["x-hub-pool-request-id"] for r in after}
+    print(f"\nhistory rows written after a refused row ({env['HUB_POOL_HISTORY'].split(':')[0]}): "
+          f"{len(written_after) + 2} of 5 (2 in its batch, {len(written_after)} later); refused {status['refused']}")
+    assert done["matched"] == 8, done  # 3 + the 2 beside the poison + 3 after; the poison alone is missing
+    assert poison.headers["x-hub-pool-request-id"] not in {e["id"] for e in done["entries"]}
+    assert len(written_after) == 3
+    assert status["refused"] == 1 and status["error"] is None and status["backlog"] == 0, status
+    said = [r.getMessage() for r in caplog.records if "refused row" in r.getMessage()]
+    assert len(said) == 1 and poison.headers["x-hub-pool-request-id"] in said[0], said
+    columns = _columns(url)
+    assert all(model is None or (len(model) <= 300 and "\x00" not in model) for _, model in columns)
+    assert "x" * 300 in {m for _, m in columns} and "evilmodel" in {m for _, m in columns}

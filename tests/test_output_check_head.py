@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -136,3 +137,41 @@ def test_a_placeholder_head_is_still_degenerate_and_a_text_head_stops_the_parsin
     judge.feed(b"\n".join(text) + b"\n")
     assert len(parsed) == 1  # the first frame decided it
     assert judge.verdict() == output_check.TRUNCATED  # no final frame: still judged
+
+
+PLACEHOLDER = st.builds(lambda n, pad: f"{pad}<unused{n}>", st.integers(min_value=0, max_value=10**6),
+                        st.sampled_from(["", " ", "\n", "  \t"]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(run=st.lists(PLACEHOLDER, min_size=1, max_size=80), tail=st.sampled_from(["", " ", "\n"]))
+def test_nothing_but_placeholders_is_degenerate_wherever_the_head_cuts_the_last(run, tail):
+    """Issue 26.10: a run longer than the head ends in a placeholder cut in half (``<unu``);
+    it is degenerate all the same, at any length and any split point."""
+    text = "".join(run) + tail
+    assert output_check.degenerate(text)
+    judge = StreamJudge(OPENAI, _final)
+    for piece in run:  # one frame per placeholder, as an engine streams them
+        judge.feed(b"data: " + json.dumps({"choices": [{"delta": {"content": piece}}]}).encode() + b"\n")
+    judge.feed(b"data: " + json.dumps({"choices": [{"delta": {}, "finish_reason": "stop"}]}).encode() + b"\n")
+    assert judge.verdict() == output_check.DEGENERATE
+
+
+@settings(max_examples=300, deadline=None)
+@given(run=st.lists(PLACEHOLDER, max_size=40), word=st.sampled_from(["a", "hello", "unused5>", "x<unused1>", "é"]),
+       after=st.lists(PLACEHOLDER, max_size=40))
+def test_a_word_within_the_head_makes_it_an_answer(run, word, after):
+    head = "".join(run)
+    if len(head) >= HEAD_CHARS:
+        return  # the word lies past the head: what the head holds is all placeholders
+    assert not output_check.degenerate(head + word + "".join(after))
+
+
+@pytest.mark.parametrize("text", [
+    "<unused49>" * 25 + "<unu",  # 254 characters: the text itself ends there, the head cut nothing
+    "<unused49>" * 10 + "<unused>" + "<unused49>" * 30,  # no number: not a placeholder
+    "<unused49>" * 10 + "<used3>" + "<unused49>" * 30,
+    "<unused49>" * 25 + "<x" + "<unused49>" * 30,  # cut at the edge, but not a placeholder's start
+])
+def test_what_only_looks_like_placeholders_is_an_answer(text):
+    assert not output_check.degenerate(text)

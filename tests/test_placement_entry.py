@@ -640,3 +640,40 @@ def test_outbound_and_inbound_handlers_agree_with_the_entry_across_two_nodes(two
     plan, _ = _agree(a, "/api/chat", "llama3.2:3b")
     assert [key(c) for c in plan.candidates] == [("local", "ollama")]
     _agree(a, "/api/chat", "absent:1b")
+
+
+def test_auto_sizes_a_mixture_of_experts_by_its_total(tmp_path):
+    """Issue 26.14: qwen3:30b-a3b was read as 3 B (the a3b active count), below the 7 B line,
+    so auto chose llama3.1:8b over it; qwen3:235b-a22b read as 22 B. Sizes are totals."""
+    cfg = SimConfig(flavor="ollama", models=[SimModel("llama3.1:8b"), SimModel("qwen3:30b-a3b")],
+                    decode_ms_per_token=0)
+    with run_in_thread(cfg) as sim, RunningNode(tmp_path / "n", {"OLLAMA_URL": sim.url}) as node:
+        r = httpx.post(node.url + "/v1/chat/completions", timeout=30,
+                       json={"model": "auto", "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200 and r.headers["x-hub-pool-model"] == "qwen3:30b-a3b", r.text
+        shown = httpx.post(node.url + "/api/show", json={"model": "auto"}, timeout=30)
+        assert shown.status_code == 200 and shown.headers["x-hub-pool-model"] == "qwen3:30b-a3b"
+
+
+def test_a_local_pins_target_is_unavailable_while_its_model_is_withheld_here(tmp_path):
+    """Issue 26.18: targetAvailable for a local pin ignored a model this node withheld as
+    unservable, which routing leaves out of the candidates (spec: "computed from the same
+    predicates routing uses")."""
+    cfg = SimConfig(flavor="ollama", models=[SimModel("m:8b"), SimModel("other:8b")], decode_ms_per_token=0)
+    with run_in_thread(cfg) as sim, RunningNode(tmp_path / "n", {"OLLAMA_URL": sim.url}) as node:
+        for model in ("m:8b", "other:8b"):
+            _op(node, "POST", "/pins", {"scope": "model", "model": model, "targetKind": "local"})
+
+        def available():
+            return {p["model"]: p["targetAvailable"] for p in _op(node, "GET", "/status")["pins"]}
+
+        assert available() == {"m:8b": True, "other:8b": True}
+        sim.add_fault("error:503", model="m:8b", count=2)
+        for _ in range(2):  # two 5xx within five minutes: withheld here
+            r = httpx.post(node.url + "/api/chat", timeout=30, json={
+                "model": "m:8b", "stream": False, "messages": [{"role": "user", "content": "hi"}]})
+            assert r.status_code == 502, r.text
+        r = httpx.post(node.url + "/api/chat", timeout=30, json={
+            "model": "m:8b", "stream": False, "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 502 and "no candidate" in _row(node, r.headers["x-hub-pool-request-id"])["reason"]
+        assert available() == {"m:8b": False, "other:8b": True}  # as routing sees it

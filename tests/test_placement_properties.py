@@ -166,3 +166,20 @@ def test_cloud_tags_are_the_tag_ending_in_cloud():
                                          "ns/qwen3-coder:480b-CLOUD"))
     assert not any(is_cloud_tag(m) for m in ("cloud", "cloud-model:8b", "qwen3:cloudy", "x:8b-cloudburst",
                                              "registry:5000/cloud"))
+
+
+_SIZE = st.one_of(st.integers(min_value=1, max_value=999).map(str),
+                  st.builds(lambda a, b: f"{a}.{b}", st.integers(0, 99), st.integers(1, 9)))
+
+
+@given(name=st.sampled_from(["qwen3", "qwen3-coder", "ns/qwen3", "granite4"]), total=_SIZE, active=_SIZE,
+       case=st.sampled_from(["b", "B"]), sep=st.sampled_from([":", "-"]),
+       suffix=st.sampled_from(["", "-instruct", "-q4_K_M", "-instruct-2507"]))
+def test_a_mixture_of_experts_tag_is_sized_by_its_total(name, total, active, case, sep, suffix):
+    """Issue 26.14: qwen3:30b-a3b was read as 3 B (its active count), so auto picked
+    llama3.1:8b over it. The size is the total, whatever the active count says."""
+    from hubpool_core.placement.auto import _params_b
+
+    a = "a" if case == "b" else "A"
+    assert _params_b(f"{name}{sep}{total}{case}-{a}{active}{case}{suffix}") == float(total)
+    assert _params_b(f"{name}{sep}{total}{case}{suffix}") == float(total)

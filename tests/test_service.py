@@ -213,3 +213,98 @@ def test_a_system_install_without_root_says_how(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)  # an ordinary account, whoever runs the tests
     r = hubpool("service", "install", "--exec", str(HUBPOOL), "--platform", "linux")
     assert r.returncode == 1 and "sudo" in r.stderr and "--user" in r.stderr
+
+
+# -- issue 26: the launchd plist's secrets (item 6), paths with a space and the data directory (23)
+
+SECRETS = "TAILSCALE_OAUTH_CLIENT_SECRET=tskey-client-s3cret\nHUB_POOL_OPERATOR_KEY=op-s3cret\n"
+
+
+@pytest.mark.parametrize("user", [True, False], ids=["agent", "daemon"])
+def test_the_launchd_plist_holding_the_env_files_secrets_is_readable_by_its_owner_only(tmp_path, user):
+    """launchd reads no environment file, so the plist carries its values: on main it was written
+    0644 (everyone on the Mac could read the operator key and the Tailscale OAuth secret)."""
+    home, root = tmp_path / "home", tmp_path / "img"
+    env = {"HOME": str(home), "XDG_CONFIG_HOME": "", "XDG_STATE_HOME": ""}
+    env_file = root / (str(home / ".config/hubpool/hubpool.env").lstrip("/") if user else "etc/hubpool/hubpool.env")
+    env_file.parent.mkdir(parents=True)
+    env_file.write_text(SECRETS)
+    env_file.chmod(0o600)
+    plist_dir = root / (str(home / "Library/LaunchAgents").lstrip("/") if user else "Library/LaunchDaemons")
+    plist_dir.mkdir(parents=True)
+    (plist_dir / "dev.hubpool.node.plist").write_bytes(b"an older, world-readable plist")
+    (plist_dir / "dev.hubpool.node.plist").chmod(0o644)
+    args = ["service", "install", "--root", str(root), "--exec", str(HUBPOOL), "--platform", "macos",
+            *(["--user"] if user else ["--run-as", "nobody"])]
+    dry = hubpool(*args, "--dry-run", env=env)
+    assert dry.returncode == 0, dry.stderr
+    assert f"# would write {plist_dir / 'dev.hubpool.node.plist'} (mode 600):" in dry.stdout
+    r = hubpool(*args, env=env)
+    assert r.returncode == 0, r.stderr
+    plist = plist_dir / "dev.hubpool.node.plist"
+    assert oct(plist.stat().st_mode & 0o777) == "0o600"
+    doc = plistlib.loads(plist.read_bytes())
+    assert doc["EnvironmentVariables"]["TAILSCALE_OAUTH_CLIENT_SECRET"] == "tskey-client-s3cret"
+    assert not list(plist_dir.glob("*.tmp"))
+    # launchd starts the job in its data directory: it must be there
+    data = root / str(Path(doc["WorkingDirectory"])).lstrip("/")
+    assert data.is_dir() and oct(data.stat().st_mode & 0o777) == "0o700"
+
+
+@needs_systemd
+def test_paths_with_a_space_give_a_unit_systemd_accepts_and_a_quoted_export_line(tmp_path):
+    """On main EnvironmentFile= was quoted, which systemd reads as a relative path and ignores
+    ("path is not absolute, ignoring": the node then starts without its environment), and the
+    printed export line split the data directory at the space."""
+    root = tmp_path / "img"
+    bindir = tmp_path / "opt dir" / "bin"
+    bindir.mkdir(parents=True)
+    (bindir / "hubpool").symlink_to(HUBPOOL)
+    r = hubpool("service", "install", "--root", str(root), "--exec", str(bindir / "hubpool"), "--platform", "linux",
+                "--run-as", "root", "--env-file", "/etc/hub pool/hubpool.env", "--data-dir", "/srv/hub pool/data")
+    assert r.returncode == 0, r.stderr
+    unit = root / "etc/systemd/system/hubpool.service"
+    lines = unit.read_text().splitlines()
+    assert "EnvironmentFile=-/etc/hub pool/hubpool.env" in lines
+    assert "ReadWritePaths='/srv/hub pool/data'" in lines
+    assert f"ExecStart='{bindir / 'hubpool'}' serve" in lines
+    assert (root / "etc/hub pool/hubpool.env").exists()
+    done = verify(unit, False, tmp_path)
+    assert done.returncode == 0 and done.stderr == "" and done.stdout == "", (done.stdout, done.stderr)
+    # the export line, run by a shell, sets the whole path
+    (export,) = [line.strip() for line in r.stdout.splitlines() if line.strip().startswith("export ")]
+    shell = subprocess.run(["sh", "-c", f'{export}; printf "%s|%s" "$HUB_POOL_DATA_DIR" "$HUB_POOL_LISTEN"'],
+                           capture_output=True, text=True, timeout=30)
+    assert shell.stdout == "/srv/hub pool/data|127.0.0.1:5002", shell
+
+
+def test_the_unit_s_data_directory_is_created_for_the_service_account(tmp_path):
+    """On main ReadWritePaths= named a directory the install never created: systemd then fails
+    the start (226/NAMESPACE). Now it is created, 0700, owned by the account the unit runs as."""
+    import pwd
+
+    root = tmp_path / "img"
+    args = ["service", "install", "--root", str(root), "--exec", str(HUBPOOL), "--platform", "linux",
+            "--data-dir", "/srv/hubpool-data"]
+    dry = hubpool(*args, "--run-as", "nobody", "--dry-run")
+    assert "# would create the data directory " in dry.stdout and "owned by nobody" in dry.stdout, dry.stdout
+    assert not (root / "srv").exists()
+    r = hubpool(*args, "--run-as", "nobody")
+    assert r.returncode == 0, r.stderr
+    data = root / "srv/hubpool-data"
+    assert data.is_dir() and oct(data.stat().st_mode & 0o777) == "0o700"
+    if os.geteuid() == 0:
+        assert data.stat().st_uid == pwd.getpwnam("nobody").pw_uid
+        assert "owned by nobody" in r.stderr
+    else:  # an ordinary account cannot give it away: the command says what to run instead
+        assert f"sudo chown nobody: {data}" in r.stderr, r.stderr
+    # an account this machine does not have (an image built elsewhere): the command to run
+    r = hubpool("service", "install", "--root", str(tmp_path / "img2"), "--exec", str(HUBPOOL), "--platform",
+                "linux", "--data-dir", "/srv/hub pool", "--run-as", "no-such-account-x")
+    assert r.returncode == 0, r.stderr
+    assert f"run: sudo chown no-such-account-x: '{tmp_path / 'img2' / 'srv/hub pool'}'" in r.stderr, r.stderr
+    # a directory that already holds the operator's data is never chowned behind their back
+    r = hubpool(*args, "--run-as", "no-such-account-x")
+    assert r.returncode == 0 and "sudo chown -R no-such-account-x:" in r.stderr, r.stderr
+    if os.geteuid() == 0:
+        assert data.stat().st_uid == pwd.getpwnam("nobody").pw_uid

@@ -3,6 +3,8 @@ the engine's own timings, advertised in capabilities, and seen by a peer."""
 
 from __future__ import annotations
 
+import json
+import socket
 from datetime import timedelta
 
 import httpx
@@ -202,3 +204,39 @@ def test_status_shows_context_caps_and_measured_speed(tmp_path):
         finally:
             for n in nodes.values():
                 n.stop()
+
+
+def test_a_deadline_missed_with_other_work_in_flight_is_not_slow_hardware(tmp_path):
+    """Issue 26.12: a streamed turn that ran out of its first-byte budget while the node had
+    other work in flight was recorded "at least this slow", advertised and demoting the node
+    for 30 minutes; a sample is taken only alone (spec), and so is a miss now. Alone, the same
+    miss is still evidence."""
+    from harness import RunningNode, wait_until
+
+    cfg = SimConfig(flavor="ollama", models=[SimModel("big:8b", window=65536)])
+    env = {"HUB_POOL_FIRST_BYTE_TIMEOUT_MS": "1000", "HUB_POOL_DEV_FIRST_BYTE_FLOOR_MS": "1000",
+           "HUB_POOL_MIN_PREFILL_TOKENS_PER_SEC": "100000"}
+    long_turn = {"model": "big:8b", "stream": True, "messages": [{"role": "user", "content": "word " * 5000}]}
+    with run_in_thread(cfg) as sim, RunningNode(tmp_path / "n", {"OLLAMA_URL": sim.url, **env}) as node:
+        # a non-streamed turn the engine holds (its budget is the completion budget, 600 s): in
+        # flight until the test's app hangs up
+        sim.add_fault("hang", count=1)
+        busy_body = json.dumps({"model": "big:8b", "stream": False, "messages": [{"role": "user", "content": "hi"}]})
+        busy = socket.create_connection(("127.0.0.1", node.port))
+        busy.sendall(f"POST /api/chat HTTP/1.1\r\nHost: n\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(busy_body)}\r\n\r\n{busy_body}".encode())
+        try:
+            assert wait_until(lambda: node.node.load.local == 1 and sim.stats()["faults_served"] == 1)
+            sim.add_fault("hang", count=1)
+            r = httpx.post(node.url + "/api/chat", json=long_turn, timeout=30)
+            assert r.status_code == 502 and "deadline" in r.json()["error"], r.text
+            assert node.node.load.local == 1  # the other turn was still running when it missed
+            assert op(node, "GET", "/status")["localNode"]["throughput"] == []
+        finally:
+            busy.close()
+        assert wait_until(lambda: node.node.load.local == 0)
+        sim.add_fault("hang", count=1)
+        r = httpx.post(node.url + "/api/chat", json=long_turn, timeout=30)
+        assert r.status_code == 502, r.text
+        own = op(node, "GET", "/status")["localNode"]["throughput"]
+        assert own and own[0]["prefill"][0]["deadline"] is True, own  # alone: at least this slow

@@ -455,3 +455,36 @@ def test_the_verdict_walk_compares_engine_kinds_and_windows(mixed):
     r, row = _refused(a)
     assert r.status_code == 400 and row["node"] == fqdn("hub-b")
     assert row["requestError"] == {"signature": "invalid-message", "basis": "last-candidate", "confirms": None}
+
+
+def test_a_long_placeholder_answer_is_caught_failed_over_withheld_and_never_a_speed_sample(tmp_path):
+    """Issue 26.10: the head is cut at 256 characters, which cuts the 26th <unused49> in half;
+    a full match then missed every answer longer than ~25 placeholders. Sixty reached the app
+    as a served 200, never failed over, never withheld the engine and fed a speed sample."""
+    with ExitStack() as stack:
+        sims = {flavor: stack.enter_context(run_in_thread(SimConfig(flavor=flavor, models=[SimModel("m:8b")])))
+                for flavor in ("ollama", "vllm")}
+        node = stack.enter_context(RunningNode(tmp_path / "n", {"OLLAMA_URL": sims["ollama"].url,
+                                                                 "VLLM_URL": sims["vllm"].url}))
+        for sim in sims.values():
+            sim.add_fault("unused", count=3)
+        turn = [{"role": "user", "content": "x"}]
+        for _ in range(2):  # non-streamed: judged whole, failed over, the last one relayed as it came
+            r = httpx.post(node.url + "/v1/chat/completions", timeout=30,
+                           json={"model": "m:8b", "max_tokens": 60, "messages": turn})
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "<unused49>" * 60
+            row = row_of(node, r.headers["x-hub-pool-request-id"])
+            assert row["outcome"] == "failed" and row["attempts"][0]["reason"] == "degenerate-output", row
+            assert row["requestError"] == {"signature": "degenerate-output", "basis": "node", "confirms": None}
+        withheld = [k for k in ("ollama", "vllm") if node.node.output_quarantine.withheld(("local", k, "m:8b"))]
+        assert withheld == ["ollama", "vllm"]  # two faults each within five minutes
+        # the stream's own loop guard (issue 28) would end sixty identical spans first: this is
+        # about the output judge, which also reads streams whose placeholders differ
+        op(node, "PATCH", "/settings", {"poolStreamLoopGuard": 0})
+        with httpx.stream("POST", node.url + "/v1/chat/completions", timeout=30,
+                          json={"model": "m:8b", "max_tokens": 60, "stream": True, "messages": turn}) as s:
+            assert s.status_code == 200 and b"".join(s.iter_raw()).count(b"<unused49>") == 60
+            rid = s.headers["x-hub-pool-request-id"]
+        assert row_of(node, rid)["requestError"]["signature"] == "degenerate-output"  # judged on the way past
+        local = op(node, "GET", "/status")["localNode"]
+        assert local["speed"] == [] and local["throughput"] == []  # no answer here was a sample

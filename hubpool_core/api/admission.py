@@ -25,7 +25,7 @@ import json
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from starlette.types import Receive, Scope, Send
@@ -33,6 +33,7 @@ from starlette.types import Receive, Scope, Send
 from hubpool_core.api.dialects import error_body as dialect_error_body
 from hubpool_core.engine import AGENT_DIALECTS, OPENAI
 from hubpool_core.placement import NoAutoModel, PlacementRequest, Plan, place, snapshot_of
+from hubpool_core.placement.load import Work
 from hubpool_core.placement.speed import candidate_slots
 
 log = logging.getLogger("hubpool.admission")
@@ -152,29 +153,38 @@ class AdmissionQueue:
             except Exception:  # noqa: BLE001 - the pump must outlive one bad placement
                 log.exception("admission queue: placing a waiter failed")
 
+    def _still_waiting(self, waiter: Waiter) -> bool:
+        """Whether ``waiter`` is still this queue's to place: its app may have hung up, or its
+        budget run out, while the pump awaited (it then left the queue, and nobody would read
+        a plan, nor release the slot reserved for it)."""
+        return waiter in self.waiters and not waiter.ready.done()
+
     async def _place_waiters(self) -> None:
         blocked: set[str] = set()
         node = self.node
         for waiter in self.ordered():
-            if waiter.ready.done() or waiter.request.model in blocked:
+            if not self._still_waiting(waiter) or waiter.request.model in blocked:
                 continue
             snapshot = await snapshot_of(node)
-            request = waiter.request
-            again = PlacementRequest(request.route, request.dialect, request.route_class, request.model,
-                                     dict(request.body), request.raw, request.stream, request.session_header)
-            plan = await place(snapshot, again)
+            if not self._still_waiting(waiter):
+                continue
+            # the same request placed again, its session source kept (affinity names it, and
+            # X-Hub-Pool-Session is forwarded only when it came from that header)
+            plan = await place(snapshot, replace(waiter.request, body=dict(waiter.request.body)))
+            if not self._still_waiting(waiter):
+                continue
             if isinstance(plan, NoAutoModel) or not plan.candidates:
                 self._release(waiter, plan)  # answered as the walk would: the 502
                 continue
             if saturated(plan, snapshot.settings, node.engine_by_kind):
-                blocked.add(request.model)  # same-model waiters keep their order
+                blocked.add(waiter.request.model)  # same-model waiters keep their order
                 continue
             free_first(plan, snapshot.settings, node.engine_by_kind)
             first = plan.candidates[0]
             # reserved now, so the next waiter sees this slot taken; the walk's first attempt
             # counts it as its own (RelayPlan.reserved)
-            node.load.acquire(first.peer_id, (first.backend, plan.model, plan.context.num_ctx)
-                              if first.is_local else None)
+            node.load.acquire(first.peer_id, Work(first.backend, plan.model, plan.context.num_ctx,
+                                                  plan.context.judged) if first.is_local else None)
             self._release(waiter, plan)
 
     def _release(self, waiter: Waiter, plan: Any) -> None:

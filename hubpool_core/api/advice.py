@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, Response
 
 from hubpool_core.api.inference import _guard, pool_offers
 from hubpool_core.api.operator import _operator
-from hubpool_core.config import PREFERENCE_KEYS, SettingsError
+from hubpool_core.config import PREFERENCE_KEYS, SettingsError, whole_in_range
 from hubpool_core.engine import NATIVE
 from hubpool_core.node.doctor import ACTION, run_checks
 from hubpool_core.placement import usable_peers
@@ -49,9 +49,9 @@ async def handout(request: Request) -> Response:
     tools = params.get("tools", "").lower() in ("1", "true", "yes")
     min_context = None
     if params.get("minContext"):
-        if not params["minContext"].isdigit():
+        min_context = whole_in_range(params["minContext"], 0, None)
+        if min_context is None:
             return JSONResponse({"error": "minContext must be a whole number of tokens"}, status_code=400)
-        min_context = int(params["minContext"])
     backends = await node.local.read(max(node.settings.current.poolProbeSnapshotTtlMs, 20_000))
     peers = usable_peers(node.peers.all(), node.directions().outbound.enabled)
     windows: dict[str, int] = {}

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from hubpool_core.access.guards import operator_refusal
-from hubpool_core.config import Pin, SettingsError
+from hubpool_core.config import Pin, SettingsError, env_int, whole_in_range
 from hubpool_core.node.directions import resolve_directions
 from hubpool_core.peering.peers import public_peer
 from hubpool_core.peering.signing import normalize_peer_fqdn
@@ -68,10 +68,9 @@ async def routing_log(request: Request) -> Response:
     params = request.query_params
     limit = None
     if "limit" in params:
-        raw = params["limit"]
-        if not raw.isdigit() or not 1 <= int(raw) <= MAX_CAPACITY:
+        limit = whole_in_range(params["limit"], 1, MAX_CAPACITY)
+        if limit is None:
             return JSONResponse({"error": f"limit must be a whole number from 1 to {MAX_CAPACITY}"}, status_code=400)
-        limit = int(raw)
     since = None
     if "since" in params:
         try:
@@ -97,8 +96,8 @@ async def routing_history(request: Request) -> Response:
                                       "database URL) and restart it (docs/history.md)",
                              "code": "history_off"}, status_code=409)
     params = request.query_params
-    raw_limit = params.get("limit", "1000")
-    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= HISTORY_MAX_PAGE:
+    limit = whole_in_range(params.get("limit", "1000"), 1, HISTORY_MAX_PAGE)
+    if limit is None:
         return JSONResponse({"error": f"limit must be a whole number from 1 to {HISTORY_MAX_PAGE}"}, status_code=400)
     filters: dict[str, Any] = {}
     for key in ("since", "until"):
@@ -115,7 +114,7 @@ async def routing_history(request: Request) -> Response:
     for key in ("model", "node"):
         if params.get(key):
             filters[key] = params[key].strip()
-    found = await asyncio.to_thread(node.history_store.query, limit=int(raw_limit), **filters)
+    found = await asyncio.to_thread(node.history_store.query, limit=limit, **filters)
     return JSONResponse({**found, "history": node.history.status() if node.history else None})
 
 
@@ -138,7 +137,9 @@ async def status(request: Request) -> Response:
         "settings": settings.model_dump(),
         # the store: which backend, and whether it answers (a node keeps routing without it)
         "database": node.db.status(),
-        "history": node.history.status() if node.history is not None else {"enabled": False},
+        # off, and (when HUB_POOL_HISTORY names a database that cannot be opened) why
+        "history": node.history.status() if node.history is not None else {
+            "enabled": False, **({"error": node.history_error} if node.history_error else {})},
         "tailscaleAdminApiConfigured": bool(node.env.tailscale_oauth_client_id
                                             and node.env.tailscale_oauth_client_secret),
         "localNode": {
@@ -180,6 +181,9 @@ async def status(request: Request) -> Response:
             "unreachable": sum(1 for r in rows if r.status == "unreachable"),
             "disabled": sum(1 for r in rows if not r.enabled),
         },
+        # hubpool's own: each setting this node's environment holds in force over what
+        # settings.json says (the CLI warns when it writes one of them, as `hubpool enable` does)
+        "environmentOverrides": environment_overrides(node.env, settings, ceiling if set_by == "env" else None),
         "pins": status_pins(node, backends),
         "pairingPin": node.pairing_pin.status(now),
         "routing": node.routing_log.summary(),
@@ -187,6 +191,25 @@ async def status(request: Request) -> Response:
                       **node.admission.status()},
     }
     return JSONResponse(payload)
+
+
+def environment_overrides(env: Any, settings: Any, env_ceiling: int | None) -> dict[str, dict[str, Any]]:
+    """Setting -> ``{"variable", "value"}`` for every persisted setting an environment variable
+    overrides right now: writing that setting changes nothing until the variable goes."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, variable, flag in (("poolEnabled", "HUB_POOL_USER_DISABLED", env.user_disabled),
+                                ("poolOutboundEnabled", "HUB_POOL_OUTBOUND_DISABLED", env.outbound_disabled),
+                                ("poolInboundEnabled", "HUB_POOL_INBOUND_DISABLED", env.inbound_disabled)):
+        if flag == "true":  # the kill switches' one spelling (node/directions.py)
+            out[key] = {"variable": variable, "value": "true"}
+    if env_ceiling is not None:
+        out["poolMaxPromptTokens"] = {"variable": "HUB_POOL_MAX_PROMPT_TOKENS", "value": env_ceiling}
+    poll = env_int(env.dev_health_poll_seconds, minimum=1, maximum=300)
+    if poll is not None:
+        out["poolHealthPollSeconds"] = {"variable": "HUB_POOL_DEV_HEALTH_POLL_SECONDS", "value": poll}
+    if env.disabled_plugin_names:  # off by the environment whatever pluginsDisabled says
+        out["pluginsDisabled"] = {"variable": "HUB_POOL_PLUGINS_DISABLED", "value": sorted(env.disabled_plugin_names)}
+    return out
 
 
 def _engine_state(node: Any, backends: list[Any]) -> dict[str, Any]:
@@ -279,13 +302,14 @@ def _first_error(exc: Exception) -> str:
 def status_pins(node: Any, backends: list[Any]) -> list[dict[str, Any]]:
     """Every pin with its target named and targetAvailable from the ranker's own predicates."""
     from hubpool_core.placement import peer_offers
+    from hubpool_core.placement.pins import local_target_available
 
     out = []
     for pin in node.settings.current.poolPins:
         row: dict[str, Any] = pin.model_dump()
         if pin.targetKind == "local":
             row["nodeFqdn"] = None
-            row["targetAvailable"] = any(b.healthy and (pin.model is None or b.lists(pin.model)) for b in backends)
+            row["targetAvailable"] = local_target_available(pin.model, backends, node.unservable.withheld_models)
         else:
             peer = node.peers.by_id(pin.targetPeerId)
             row["nodeFqdn"] = peer.node_fqdn if peer else None

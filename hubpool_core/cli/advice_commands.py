@@ -8,7 +8,9 @@ from urllib.parse import urlencode
 import typer
 
 from hubpool_core.cli.client import NodeError
-from hubpool_core.cli.commands import JsonOption, UrlOption, _client, _fail, app, out
+from hubpool_core.cli.commands import JsonOption, UrlOption, _client, _fail, app, out, whole_number
+from hubpool_core.cli.format import override_lines
+from hubpool_core.config import parse_whole
 from hubpool_core.placement.handout import AGENT_MIN_CONTEXT, AGENTS, agent_setup
 
 #: how /v1/models marks a model alias (api/inference.py)
@@ -37,7 +39,7 @@ def doctor(url: str | None = UrlOption, as_json: bool = JsonOption) -> None:
 
 @app.command()
 def handout(tools: bool = typer.Option(False, "--tools", help="The client needs tool calling."),
-            min_context: int | None = typer.Option(None, "--min-context", min=1,
+            min_context: int | None = typer.Option(None, "--min-context", min=1, parser=whole_number,
                                                       help="The smallest context window the client accepts."),
             env_lines: bool = typer.Option(False, "--env", help="Print only KEY=VALUE lines for a .env file."),
             agent: str | None = typer.Option(None, "--agent", metavar="|".join(AGENTS),
@@ -112,18 +114,20 @@ def _print_agent(setup: dict, *, as_json: bool, env_lines: bool) -> None:
 
 
 def _state(url: str | None, value: str, what: str, path: str, key: str, label: str, absent: str) -> None:
-    """Write one number-or-clear statement and print what the node now holds."""
-    if value == "clear":
-        number = None
-    elif value.isdigit():
-        number = int(value)
-    else:
-        _fail(f"{what} takes a whole number or `clear`")
+    """Write one number-or-clear statement and print what the node now holds, with a warning
+    when the node's environment overrides the setting (HUB_POOL_MAX_PROMPT_TOKENS for the ceiling)."""
+    number = None if value == "clear" else parse_whole(value)
+    if number is None and value != "clear":
+        _fail(f"{what} takes a whole number or `clear` (not {value!r})")
+    client = _client(url)
     try:
-        data = _client(url).patch(path, {key: number})
+        data = client.patch(path, {key: number})
+        status = client.get("/api/inference/pool/status")
     except NodeError as exc:
         _fail(str(exc))
-    out.print(f"{label}: {data[key] or absent}")
+    out.print(f"{label}: {data[key] or absent}", highlight=False)
+    for line in override_lines(status, [key]):
+        out.print(line, highlight=False)
 
 
 @app.command()

@@ -15,10 +15,11 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from hubpool_core.cli.client import NodeClient, NodeError
-from hubpool_core.config import EnvSettings
+from hubpool_core.config import EnvSettings, parse_whole
 
 app = typer.Typer(
     name="hubpool",
@@ -54,8 +55,19 @@ def _root(
 
 
 def _fail(message: str, code: int = 1) -> None:
-    err.print(f"[red]error:[/red] {message}", highlight=False)
+    # not wrapped: a sentence may end in a path or a command to paste as it stands
+    err.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+def whole_number(text: str | int) -> int:
+    """A command-line number, by the node's own rule (ASCII digits only: no "--5", no "²")."""
+    if isinstance(text, int):  # an option's default comes through the parser as it stands
+        return text
+    value = parse_whole(text)
+    if value is None:
+        raise typer.BadParameter(f"{text!r} is not a whole number")
+    return value
 
 
 def _client(url: str | None) -> NodeClient:
@@ -74,13 +86,13 @@ def serve(
 ) -> None:
     """Run this machine's node in the foreground (logs go to stderr)."""
     from hubpool_core.node.server import run_node
-    from hubpool_core.store.db import SchemaTooNew
+    from hubpool_core.store.db import DatabaseUrlError, SchemaTooNew
 
     if listen:
         os.environ["HUB_POOL_LISTEN"] = listen
     try:
         run_node(EnvSettings(), log_level=log_level)
-    except SchemaTooNew as exc:  # a downgrade: said in a sentence, not a traceback
+    except (SchemaTooNew, DatabaseUrlError) as exc:  # a downgrade, a mistyped URL: a sentence, not a traceback
         _fail(str(exc))
 
 
@@ -130,21 +142,100 @@ def settings_cmd(
                 except ValueError:
                     patch[key] = value
             data = client.patch("/api/inference/pool/settings", patch)
+            status = client.get("/api/inference/pool/status")
     except NodeError as exc:
         _fail(str(exc))
     print(json.dumps(data, indent=2))
+    if changes:
+        from hubpool_core.cli.format import override_lines
+
+        for line in override_lines(status, list(patch)):  # stderr: stdout stays the JSON it was
+            err.print(line, highlight=False, soft_wrap=True)
 
 
 # -- api keys (local: they live in this machine's store) ------------------------------
 
 def _keystore():  # noqa: ANN202
+    """This machine's key store, only where a node keeps its data: a key minted into a store no
+    node reads is valid nowhere, so a data directory no node uses is refused with where to look."""
+    from sqlalchemy import text
+
     from hubpool_core.access.credentials import KeyStore
     from hubpool_core.store import Database
 
     env = EnvSettings()
+    where = env.data_dir
+    if env.database_url is None:  # SQLite in the data directory (the default)
+        if not where.is_dir():
+            _no_node_here(env, f"{where} does not exist")
+        if not (where / "hubpool.db").is_file():
+            _no_node_here(env, f"{where} holds no hubpool database (hubpool.db)")
+    _refuse_a_data_dir_the_node_does_not_use(env)
     db = Database(env.resolved_database_url())
+    with db.engine.connect() as conn:  # an unreachable server says so here (main: exit 69)
+        conn.execute(text("SELECT 1"))
+    if db.current_revision() is None:
+        _no_node_here(env, f"no node has set up the database at {_redacted(db.url)} (it has no hubpool schema)")
+    if not where.is_dir():
+        _no_node_here(env, f"{where} does not exist")
     db.migrate()
-    return KeyStore(db, env.data_dir, env.operator_key)
+    return KeyStore(db, where, env.operator_key)
+
+
+def _redacted(url: str) -> str:
+    from hubpool_core.store.db import redacted
+
+    return redacted(url)
+
+
+def _service_hint(env: EnvSettings) -> str:
+    """Where the service installed on this machine keeps its data, and the command to run there."""
+    import shlex
+
+    from hubpool_core.cli.service_files import installed_data_dirs
+
+    hints = []
+    for data_dir, source, run_as in installed_data_dirs():
+        if data_dir == env.data_dir:
+            continue
+        who = f"sudo -u {shlex.quote(run_as)} " if run_as else ""
+        hints.append(f"The hubpool service installed here keeps its data in {data_dir} ({source}): run "
+                     f"`{who}env HUB_POOL_DATA_DIR={shlex.quote(str(data_dir))} hubpool api-key …` instead.")
+    if hints:
+        return " ".join(hints)
+    return ("Point HUB_POOL_DATA_DIR at the data directory of the node the key is for (the one its `hubpool serve` "
+            "reads), or start a node here first with `hubpool serve`.")
+
+
+def _no_node_here(env: EnvSettings, why: str) -> None:
+    _fail(f"no node data here: {why}, so a key made here would be valid on no node. {_service_hint(env)}")
+
+
+def _refuse_a_data_dir_the_node_does_not_use(env: EnvSettings) -> None:
+    """The data directory exists and holds a store, but is not the running node's: the default
+    one while the installed service keeps its data elsewhere, or one whose operator key the
+    node answering at HUB_POOL_LISTEN refuses."""
+    import httpx
+
+    from hubpool_core.access.credentials import read_operator_key
+    from hubpool_core.cli.service_files import installed_data_dirs
+
+    if "HUB_POOL_DATA_DIR" not in os.environ:  # the default directory is only a guess
+        elsewhere = [d for d, _, _ in installed_data_dirs() if d != env.data_dir]
+        if elsewhere:
+            _fail(f"this command read the default data directory {env.data_dir} (HUB_POOL_DATA_DIR is not set), "
+                  f"which the service installed on this machine does not use. {_service_hint(env)}")
+    key = read_operator_key(env.data_dir)
+    if key is None:
+        return
+    try:
+        answer = httpx.get(env.base_url + "/api/inference/pool/settings", headers={"Authorization": f"Bearer {key}"},
+                           timeout=3, trust_env=False)
+    except httpx.HTTPError:
+        return  # no node answers there now: the directory may well be a stopped node's
+    if answer.status_code in (401, 403):
+        _fail(f"the node answering at {env.base_url} does not use the data directory {env.data_dir} (it refuses "
+              f"that directory's operator key), so a key made here would not be valid on it. {_service_hint(env)}")
 
 
 @api_key_app.command("create")
@@ -216,7 +307,7 @@ def main() -> None:
         message, code = _store_failure(exc)
         if message is None:
             raise
-        err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+        err.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
         raise SystemExit(code) from None
 
 
@@ -227,9 +318,9 @@ def _store_failure(exc: BaseException) -> tuple[str | None, int]:
     A sentence, never a traceback, and a code a script can act on: 75 try again later (busy
     lock), 74 I/O (full disk), 69 the database is unreachable, 1 a schema from a newer release."""
     from hubpool_core.store import storage_refusal
-    from hubpool_core.store.db import SchemaTooNew, describe, redacted
+    from hubpool_core.store.db import DatabaseUrlError, SchemaTooNew, describe, redacted
 
-    if isinstance(exc, SchemaTooNew):
+    if isinstance(exc, (SchemaTooNew, DatabaseUrlError)):
         return str(exc), 1
     env = EnvSettings()
     refused = storage_refusal(exc, env.data_dir)

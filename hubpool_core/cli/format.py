@@ -3,6 +3,7 @@ line and the peers table that `status` and `peers` both print (protocol.md §5c)
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -12,6 +13,36 @@ UNREACHABLE_THRESHOLD = 3
 
 PEER_COLUMNS = (("ID", 8), ("NODE", 34), ("DIR", 4), ("STATUS", 16), ("LAST SEEN", 20), ("QUEUE", 5),
                 ("CONTEXT", 7), ("ENGINES", 0))
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print on the operator's terminal: every control character (C0, DEL,
+    C1: the escape sequences a terminal obeys), format character (bidi overrides, zero-width
+    marks) and line or paragraph separator is shown as ``\\xNN`` / ``\\uNNNN``. A model
+    name is whatever a caller sent, so it must never drive the terminal that shows it."""
+    if text.isprintable():  # the common case: nothing to look at character by character
+        return text
+    out = []
+    for c in text:
+        if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp"):
+            out.append(f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+#: what a spreadsheet reads as the start of a formula (OWASP's CSV injection list)
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: Any) -> Any:
+    """One CSV cell: text printable (see :func:`printable`), and a leading ``= + - @`` (tab,
+    carriage return) neutralised with a ``'`` so a spreadsheet shows it instead of running it.
+    Numbers are left as they are."""
+    if not isinstance(value, str):
+        return value
+    text = printable(value)
+    return "'" + text if text.startswith(FORMULA_STARTS) else text
 
 
 def when(value: str | None, missing: str = "-") -> str:
@@ -56,6 +87,27 @@ def labelled(label: str, text: str, indent: str = "") -> str:
     return f"{indent}{label:<14}{text}"
 
 
+def override_lines(status: dict[str, Any], keys: list[str]) -> list[str]:
+    """What to say when a setting just written is held by the node's environment instead (as
+    `hubpool enable` says of a kill switch): one sentence per key, then how to let it apply."""
+    held = status.get("environmentOverrides") or {}
+    local = status.get("localNode") or {}
+    if "poolMaxPromptTokens" not in held and local.get("maxPromptTokensSetBy") == "env":  # a node before the field
+        held = {**held, "poolMaxPromptTokens": {"variable": "HUB_POOL_MAX_PROMPT_TOKENS",
+                                                "value": local.get("maxPromptTokens")}}
+    lines = []
+    for key in keys:
+        if key in held:
+            var, value = held[key]["variable"], held[key]["value"]
+            shown = ",".join(value) if isinstance(value, list) else flag(value)
+            lines.append(f"warning: {var}={shown} in this node's environment overrides {key}: the new value is "
+                         "saved, but nothing changed in what this node does.")
+    if lines:
+        lines.append("Remove that variable from the node's environment (its service's environment file) and "
+                     "restart it; the setting then takes effect.")
+    return lines
+
+
 # -- routing-log summary ----------------------------------------------------------------
 
 def counts_line(summary: dict[str, Any]) -> str:
@@ -94,6 +146,8 @@ def peer_status(peer: dict[str, Any]) -> str:
         text = "credentials refused"
     elif kind == "own_identity":
         text = "cannot sign (own key)"
+    elif kind == "signed_required":
+        text = "unsigned: refused"  # poolRequireSignedPeers: back only by the operator's hand
     else:
         text = str(peer.get("status") or "?")
     if peer.get("enabled") is False:

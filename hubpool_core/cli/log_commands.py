@@ -11,8 +11,8 @@ from urllib.parse import urlencode
 
 import typer
 
-from hubpool_core.cli.commands import UrlOption, _fail, app
-from hubpool_core.cli.format import counts_line, labelled, table, when
+from hubpool_core.cli.commands import UrlOption, _fail, app, whole_number
+from hubpool_core.cli.format import counts_line, csv_cell, labelled, printable, table, when
 from hubpool_core.cli.pairing_commands import _call
 from hubpool_core.telemetry.annotations import annotations
 
@@ -33,12 +33,14 @@ def cells(e: dict[str, Any]) -> list[str]:
     def num(v: Any) -> str:
         return "-" if v is None else str(v)
 
-    model = e.get("model") or "-"
+    model = str(e.get("model") or "-")
     if e.get("requestedModel"):  # an alias or auto: both names, the one asked first
         model = f"{e['requestedModel']}→{model}"
-    return [when(e.get("at")), "in" if e.get("direction") == "inbound" else "out", model,
-            e.get("node") or "-", f"{e.get('attempt', 0)}/{e.get('candidates', 0)}", num(e.get("durationMs")),
-            num(e.get("totalMs")), outcome(e)]
+    # every cell as the terminal may show it: a model name is whatever a caller sent
+    return [printable(c) for c in (
+        when(e.get("at")), "in" if e.get("direction") == "inbound" else "out", model,
+        str(e.get("node") or "-"), f"{e.get('attempt', 0)}/{e.get('candidates', 0)}", num(e.get("durationMs")),
+        num(e.get("totalMs")), outcome(e))]
 
 
 #: the columns --csv writes, in order (the whole row is in --json)
@@ -51,14 +53,14 @@ def write_csv(entries: list[dict[str, Any]]) -> None:
     out = csv.writer(sys.stdout, lineterminator="\n")
     out.writerow(CSV_FIELDS)
     for e in entries:
-        out.writerow([";".join(v) if isinstance(v := e.get(k), list) else ("" if v is None else v)
+        out.writerow([csv_cell(";".join(map(str, v)) if isinstance(v := e.get(k), list) else ("" if v is None else v))
                       for k in CSV_FIELDS])
 
 
 @app.command("log")
 def log_cmd(
-    limit: int = typer.Option(20, "--limit", help="How many decisions to show: 1 to 200 from the ring, up to "
-                                                  "10000 from the history."),
+    limit: int = typer.Option(20, "--limit", parser=whole_number,
+                              help="How many decisions to show: 1 to 200 from the ring, up to 10000 from the history."),
     since: str | None = typer.Option(None, "--since", help="Read the persisted history from this long ago (90s, "
                                                            "30m, 2h, 7d) or an ISO 8601 time."),
     model: str | None = typer.Option(None, "--model", help="Only this model (reads the history)."),
@@ -118,4 +120,4 @@ def _print_rows(entries: list[dict[str, Any]]) -> None:
     for e, line in zip(entries, lines[1:], strict=True):
         print(line)
         for note in annotations(e):
-            print(f"  ↳ {note}")
+            print(f"  ↳ {printable(note)}")

@@ -64,11 +64,11 @@ def main() -> None:
 
     if options.get("--listen"):
         os.environ["HUB_POOL_LISTEN"] = options["--listen"]
-    from hubpool_core.store.db import SchemaTooNew
+    from hubpool_core.store.db import DatabaseUrlError, SchemaTooNew
 
     try:
         run_node(EnvSettings(), log_level=options.get("--log-level", "info"))
-    except SchemaTooNew as exc:  # a downgrade: said in a sentence, not a traceback
+    except (SchemaTooNew, DatabaseUrlError) as exc:  # a downgrade, a mistyped URL: a sentence, not a traceback
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
 

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from hubpool_core.cli.client import NodeError
 from hubpool_core.cli.commands import JsonOption, UrlOption, _client, _fail, app, err, out
-from hubpool_core.cli.format import load_lines, peers_table, when
+from hubpool_core.cli.format import load_lines, peers_table, printable, when
 
 P = "/api/inference/pool"
 YesOption = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation (also HUB_POOL_ASSUME_YES=1).")
@@ -143,7 +143,8 @@ def peers(url: str | None = UrlOption,
         live = {}
     merged = [{**r, **{k: live.get(r["id"], {}).get(k) for k in ("inFlightRequests", "probeFailure", "gpuPressure")}}
               for r in rows]
-    print("\n".join(peers_table(merged, extra=(("AUTH", 6),), extra_cells=lambda r: [r.get("authMode") or "-"])))
+    print("\n".join(printable(line) for line in peers_table(merged, extra=(("AUTH", 6),),
+                                                             extra_cells=lambda r: [r.get("authMode") or "-"])))
     connected = [r for r in merged if r.get("status") == "connected"]
     if connected:  # what each peer reports of its load: GPU band and containers (from /peers)
         print("\n" + "\n".join(load_lines(None, connected)))

@@ -11,19 +11,20 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import typer
 
 from hubpool_core.cli import service_files as sf
 from hubpool_core.cli.commands import _fail, app, err
-from hubpool_core.config import DEFAULT_PORT
+from hubpool_core.config import DEFAULT_PORT, local_base_url
 
 service_app = typer.Typer(help="Run the node as a service: started at boot, restarted on failure "
                                "(systemd on Linux, launchd on macOS).", no_args_is_help=True)
@@ -39,11 +40,13 @@ PlatformOption = typer.Option(None, "--platform", help="linux or macos (default:
 
 @dataclass
 class Plan:
-    """Files to write (path -> content) and commands to run, in order."""
+    """Files to write (path -> content), the data directory to create (and the account that
+    must own it: None is whoever runs the install), and commands to run, in order."""
 
     files: list[tuple[Path, bytes, int]]
     kept: list[Path]
     commands: list[list[str]]
+    dirs: list[tuple[Path, str | None]] = field(default_factory=list)
 
 
 def _platform(override: str | None) -> str:
@@ -144,6 +147,12 @@ def _install_plan(spec: sf.ServiceSpec, system: str, root: Path | None, start: b
         files.append((env_path, text.encode(), 0o600))  # it may hold API secrets (Tailscale OAuth)
         environment = sf.parse_environment_file(text)
     commands: list[list[str]] = []
+    dirs: list[tuple[Path, str | None]] = []
+    # the data directory must exist, owned by the account the node runs as, before the service
+    # starts: systemd sets up ReadWritePaths= (and launchd the WorkingDirectory) only for a path
+    # that is there. systemd creates its own StateDirectory=, the default.
+    if system == "macos" or not spec.state_dir_default:
+        dirs.append((_rooted(root, spec.data_dir), None if spec.user else spec.run_as))
     if system == "linux":
         files.append((_rooted(root, sf.unit_path(spec.user)), sf.systemd_unit(spec).encode(), 0o644))
         if root is None:
@@ -151,30 +160,39 @@ def _install_plan(spec: sf.ServiceSpec, system: str, root: Path | None, start: b
             commands.append(_systemctl(spec.user, "enable", *(["--now"] if start else []), sf.UNIT_NAME))
     else:
         plist = _rooted(root, sf.plist_path(spec.user))
-        files.append((plist, sf.launchd_plist(spec, environment), 0o644))
+        files.append((plist, sf.launchd_plist(spec, environment), sf.PLIST_MODE))
         if root is None and start:
             commands.append(["launchctl", "bootstrap", _launchctl_domain(spec.user), str(plist)])
-    return Plan(files, kept, commands)
+    return Plan(files, kept, commands, dirs)
 
 
 def _print_plan(plan: Plan, verb: str) -> None:
     for path in plan.kept:
         print(f"# {verb} keep {path} (it exists; your edits stay)")
+    for path, owner in plan.dirs:
+        print(f"# {verb} create the data directory {path} (mode 700{f', owned by {owner}' if owner else ''})")
     for path, content, mode in plan.files:
         print(f"# {verb} write {path} (mode {mode:o}):")
         print(content.decode().rstrip("\n"))
         print()
     for cmd in plan.commands:
-        print(f"# {verb} run: {' '.join(cmd)}")
+        print(f"# {verb} run: {shlex.join(cmd)}")
 
 
 def _apply(plan: Plan) -> None:
+    for path, owner in plan.dirs:
+        _data_directory(path, owner)
     for path, content, mode in plan.files:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(path.name + ".tmp")
-            tmp.write_bytes(content)
-            tmp.chmod(mode)
+            tmp.unlink(missing_ok=True)
+            # created with its mode: a plist holding the env file's secrets is never readable by
+            # others, not even between the write and a chmod
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(content)
+                os.fchmod(fh.fileno(), mode)  # exactly this mode, whatever the umask
             tmp.replace(path)  # a half-written unit is never what systemd reads
         except OSError as exc:
             _fail(f"cannot write {path}: {exc.strerror or exc}")
@@ -183,6 +201,43 @@ def _apply(plan: Plan) -> None:
         err.print(f"kept {path} as it is")
     for cmd in plan.commands:
         _run(cmd)
+
+
+def _data_directory(path: Path, owner: str | None) -> None:
+    """Create the node's data directory (mode 0700) owned by ``owner``, the account the service
+    runs as; when that cannot be done here, say the command that does it."""
+    existed = path.is_dir()
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        _fail(f"cannot create the data directory {path}: {exc.strerror or exc}")
+    import pwd  # POSIX only, as the service managers this command knows
+
+    quoted = shlex.quote(str(path))
+    if owner is None:
+        err.print(f"{'kept' if existed else 'created'} the data directory {path}")
+        return
+    try:
+        account = pwd.getpwnam(owner)
+    except KeyError:
+        account = None
+    if existed:
+        if account is not None and path.stat().st_uid == account.pw_uid:
+            err.print(f"kept the data directory {path} (owned by {owner})")
+        else:  # an existing directory's contents are the operator's: never chowned behind their back
+            err.print(f"note: {path} exists but is not owned by {owner}, who the service runs as; it cannot write "
+                      f"there until you run: sudo chown -R {shlex.quote(owner)}: {quoted}")
+        return
+    try:
+        if account is None:
+            raise LookupError(f"no account named {owner} on this machine")
+        os.chown(path, account.pw_uid, account.pw_gid)
+    except (LookupError, OSError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        err.print(f"note: created {path}, but could not give it to {owner} ({why}); before the service starts, "
+                  f"run: sudo chown {shlex.quote(owner)}: {quoted}")
+        return
+    err.print(f"created the data directory {path} (mode 700, owned by {owner})")
 
 
 def _run(cmd: list[str], check: bool = True) -> subprocess.CompletedProcess[str] | None:
@@ -202,11 +257,12 @@ def _print_next_steps(spec: sf.ServiceSpec, system: str, not_started: bool) -> N
     if not_started:
         print("Start it:" if system == "linux" else "Load it:")
         print(f"  {ctl} enable --now hubpool" if system == "linux"
-              else f"  launchctl bootstrap {_launchctl_domain(spec.user)} {sf.plist_path(spec.user)}")
+              else f"  launchctl bootstrap {_launchctl_domain(spec.user)} {shlex.quote(str(sf.plist_path(spec.user)))}")
     print("Publish it on the tailnet (once; Linux needs root or `sudo tailscale set --operator=$USER`):")
     print(f"  {sf.tailscale_serve_line(spec.listen)}")
     print(f"The node keeps its data in {spec.data_dir}. For `hubpool status` and the other commands here:")
-    print(f"  export HUB_POOL_DATA_DIR={spec.data_dir} HUB_POOL_LISTEN={spec.listen}")
+    # quoted for a shell: a data directory may hold a space
+    print(f"  export HUB_POOL_DATA_DIR={shlex.quote(str(spec.data_dir))} HUB_POOL_LISTEN={shlex.quote(spec.listen)}")
     if spec.user and system == "linux":
         print("A --user service stops at logout unless lingering is on: loginctl enable-linger $USER")
 
@@ -288,10 +344,7 @@ def status(
 
 
 def _node_answers(listen: str) -> bool:
-    host, _, port = listen.rpartition(":")
-    host = host.strip("[]") or "127.0.0.1"
-    host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    url = f"http://{host if ':' not in host else f'[{host}]'}:{port}/api/inference/pool/identify"
+    url = local_base_url(listen) + "/api/inference/pool/identify"
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
         with opener.open(url, timeout=3) as resp:

@@ -17,6 +17,9 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# the publish line lives beside the listen-address mapping it shares with doctor's C2 fix
+from hubpool_core.config import tailscale_serve_line  # noqa: F401 - re-exported for the service commands
+
 UNIT_NAME = "hubpool.service"
 LAUNCHD_LABEL = "dev.hubpool.node"
 #: the system unit's StateDirectory=; systemd creates /var/lib/hubpool (user units: ~/.local/state/hubpool)
@@ -130,7 +133,7 @@ def systemd_unit(spec: ServiceSpec) -> str:
         "Type=exec",
         *who,
         # '-': a missing file is not an error (every setting has a default)
-        f"EnvironmentFile=-{_systemd_path(spec.env_file)}",
+        f"EnvironmentFile=-{_systemd_path(spec.env_file, quoted=False)}",
         f"ExecStart={_systemd_path(spec.executable)} serve",
         "Restart=on-failure",
         "RestartSec=5s",
@@ -164,15 +167,24 @@ def systemd_unit(spec: ServiceSpec) -> str:
     return "\n".join(lines)
 
 
-def _systemd_path(path: Path) -> str:
-    # systemd reads %-specifiers in paths; a literal % must be doubled, and a space quoted
+def _systemd_path(path: Path, quoted: bool = True) -> str:
+    """A path as a unit file spells it: systemd reads %-specifiers, so a literal % is doubled.
+    ExecStart= and ReadWritePaths= split on spaces and take quotes; EnvironmentFile= takes the
+    rest of the line as the path and no quotes at all (a quoted one is "not absolute, ignoring",
+    and the service then starts without its environment)."""
     text = str(path).replace("%", "%%")
-    return shlex.quote(text) if " " in text else text
+    return shlex.quote(text) if quoted and " " in text else text
+
+
+#: the plist's mode: launchd reads no environment file, so the plist holds the environment file's
+#: values (the operator key, the Tailscale OAuth secret) and is as private as that file
+PLIST_MODE = 0o600
 
 
 def launchd_plist(spec: ServiceSpec, environment: dict[str, str]) -> bytes:
     """The launchd agent (per user) or daemon: launchd reads no environment file, so the file's
-    variables are copied in; KeepAlive restarts the node when it exits with a failure."""
+    variables are copied in (the plist is written :data:`PLIST_MODE`); KeepAlive restarts the
+    node when it exits with a failure."""
     doc: dict[str, object] = {
         "Label": LAUNCHD_LABEL,
         "ProgramArguments": [str(spec.executable), "serve"],
@@ -190,12 +202,50 @@ def launchd_plist(spec: ServiceSpec, environment: dict[str, str]) -> bytes:
     return plistlib.dumps(doc, sort_keys=False)
 
 
-def tailscale_serve_line(listen: str) -> str:
-    """The command that publishes the node at https://<this machine's tailnet name>."""
-    host, _, port = listen.rpartition(":")
-    host = host.strip("[]") or "127.0.0.1"
-    if host in ("0.0.0.0", "::"):
-        host = "127.0.0.1"
-    if ":" in host:
-        host = f"[{host}]"
-    return f"tailscale serve --bg --https=443 http://{host}:{port or 5002}"
+def installed_data_dirs(home: Path | None = None) -> list[tuple[Path, Path, str | None]]:
+    """(data directory, the file that says so, the account it runs as) of each hubpool service
+    installed on this machine: the system's and this user's, systemd's and launchd's.
+
+    The environment file's HUB_POOL_DATA_DIR wins when it can be read (the system's is 0600,
+    root's); otherwise the unit's ReadWritePaths= (or its StateDirectory=, the default), the
+    plist's WorkingDirectory when it can be read."""
+    found: list[tuple[Path, Path, str | None]] = []
+    for user in (False, True):
+        unit = unit_path(user, home)
+        if unit.is_file():
+            data_dir, run_as = _unit_data_dir(unit, user, home)
+            found.append((data_dir, unit, run_as))
+        plist = plist_path(user, home)
+        if plist.is_file():
+            try:
+                doc = plistlib.loads(plist.read_bytes())
+            except (OSError, ValueError, plistlib.InvalidFileException):
+                doc = {}
+            where = (doc.get("EnvironmentVariables") or {}).get("HUB_POOL_DATA_DIR") or doc.get("WorkingDirectory")
+            found.append((Path(where) if where else default_data_dir(user, home), plist,
+                          None if user else doc.get("UserName")))
+    return found
+
+
+def _unit_data_dir(unit: Path, user: bool, home: Path | None) -> tuple[Path, str | None]:
+    data_dir, run_as, env_file = default_data_dir(user, home), None, None
+    try:
+        lines = unit.read_text().splitlines()
+    except OSError:
+        return data_dir, run_as
+    for line in lines:
+        key, _, value = line.partition("=")
+        if key == "ReadWritePaths" and value:
+            data_dir = Path(shlex.split(value.replace("%%", "%"))[0])
+        elif key == "User":
+            run_as = value.strip() or None
+        elif key == "EnvironmentFile":
+            env_file = Path(value.removeprefix("-").replace("%%", "%"))
+    if env_file is not None:
+        try:
+            named = parse_environment_file(env_file.read_text()).get("HUB_POOL_DATA_DIR")
+        except OSError:  # root's 0600 file, read by another account: the unit's own lines decide
+            named = None
+        if named:
+            data_dir = Path(named)
+    return data_dir, run_as

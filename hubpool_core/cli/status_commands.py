@@ -10,7 +10,17 @@ import typer
 
 from hubpool_core.cli.client import NodeError
 from hubpool_core.cli.commands import UrlOption, _client, _fail, app
-from hubpool_core.cli.format import counts_line, flag, labelled, load_lines, peers_table, plural, table, when
+from hubpool_core.cli.format import (
+    counts_line,
+    flag,
+    labelled,
+    load_lines,
+    peers_table,
+    plural,
+    printable,
+    table,
+    when,
+)
 from hubpool_core.cli.pairing_commands import YesOption, _call, _confirm
 
 P = "/api/inference/pool"
@@ -75,7 +85,9 @@ def _store_lines(s: dict[str, Any]) -> list[str]:
                                               "changes wait for it"))
     history = s.get("history")
     if history:
-        if not history.get("enabled"):
+        if not history.get("enabled") and history.get("error"):
+            lines.append(labelled("History", f"off — {history['error']}"))
+        elif not history.get("enabled"):
             lines.append(labelled("History", "off (HUB_POOL_HISTORY=sqlite keeps routing decisions across restarts)"))
         else:
             text = (f"on — {history.get('written', 0)} rows written, kept {history.get('retentionDays')} days, "
@@ -84,6 +96,17 @@ def _store_lines(s: dict[str, Any]) -> list[str]:
                 text += f"; {history.get('backlog', 0)} waiting: {history['error']}"
             lines.append(labelled("History", text))
     return lines
+
+
+def _environment_line(s: dict[str, Any]) -> list[str]:
+    held = s.get("environmentOverrides") or {}
+    if not held:
+        return []
+    parts = []
+    for key, h in held.items():
+        shown = ",".join(h["value"]) if isinstance(h["value"], list) else flag(h["value"])
+        parts.append(f"{h['variable']}={shown} over {key}")
+    return [labelled("Environment", " · ".join(parts))]
 
 
 def _status_lines(s: dict[str, Any]) -> list[str]:
@@ -107,6 +130,7 @@ def _status_lines(s: dict[str, Any]) -> list[str]:
                                       f"inbound={flag(st.get('poolInboundEnabled'))} · "
                                       f"localAffinity={flag(st.get('poolLocalAffinity'))} · "
                                       f"healthPoll={flag(st.get('poolHealthPollSeconds'))}s"))
+    lines += _environment_line(s)
     lines.append(labelled("Routing log", counts_line(s.get("routing") or {})))
     lines += _store_lines(s)
     lines += [""] + _this_node(s) + [""] + _pins(s) + [""] + _peers(s)
@@ -267,8 +291,11 @@ def _peers(s: dict[str, Any]) -> list[str]:
         text = "every peer signs its requests — poolRequireSignedPeers " + \
                ("is on" if required else "is safe to turn on")
     elif required:
-        text = (f"still on bearer tokens: {', '.join(bearer)} — poolRequireSignedPeers is on, so those pairings "
-                "are down until they upgrade or the setting is turned off")
+        # the upgrade route answers 403 while the setting is on: these never come back by themselves
+        text = (f"still on bearer tokens: {', '.join(bearer)} — poolRequireSignedPeers is on, so "
+                f"{'that pairing is' if len(bearer) == 1 else 'those pairings are'} down and cannot upgrade while "
+                "it is: the only ways back are turning the setting off (`hubpool settings "
+                "poolRequireSignedPeers=false`; each then upgrades at its next health check) or re-pairing with a PIN")
     else:
         text = (f"still on bearer tokens: {', '.join(bearer)} — keep poolRequireSignedPeers off until "
                 f"{'it upgrades' if len(bearer) == 1 else 'they upgrade'} (turning it on now takes "
@@ -286,16 +313,26 @@ def _peers(s: dict[str, Any]) -> list[str]:
                          f"{plural(f.get('attempts') or 1, 'attempt')})")
             if f.get("action"):
                 lines.append("    " + str(f["action"]).replace("<peer>", name))
-    unsigned = [p for p in peers if (p.get("probeFailure") or {}).get("kind") == "own_identity"]
-    if unsigned:  # the fault is this node's own key: waiting never clears it, rotation does
-        lines += ["", "Peers this Hub cannot reach: its own pool key cannot be used"]
-        for p in unsigned:
-            f = p["probeFailure"]
-            lines.append(f"  {str(p.get('id'))[:8]} {p.get('nodeFqdn') or '?'}: since {when(f.get('since'))}, "
-                         f"{plural(f.get('attempts') or 1, 'attempt')}")
-            if f.get("action"):
-                lines.append("    " + str(f["action"]))
+    # neither clears by waiting: poolRequireSignedPeers holds a bearer-only pairing off, and
+    # this node's own unusable key fails every peer until rotation
+    lines += _failure_block(peers, "signed_required",
+                            "Peers held off by poolRequireSignedPeers (they do not rejoin by themselves)")
+    lines += _failure_block(peers, "own_identity", "Peers this Hub cannot reach: its own pool key cannot be used")
     return lines
+
+
+def _failure_block(peers: list[dict[str, Any]], kind: str, title: str) -> list[str]:
+    """The peers whose probe failed with ``kind``, under ``title``, each with its action."""
+    lines = []
+    for p in peers:
+        f = p.get("probeFailure") or {}
+        if f.get("kind") != kind:
+            continue
+        lines.append(f"  {str(p.get('id'))[:8]} {p.get('nodeFqdn') or '?'}: since {when(f.get('since'))}, "
+                     f"{plural(f.get('attempts') or 1, 'attempt')}")
+        if f.get("action"):
+            lines.append("    " + str(f["action"]))
+    return ["", title, *lines] if lines else []
 
 
 @app.command()
@@ -306,7 +343,8 @@ def status(url: str | None = UrlOption, as_json: bool = JsonText) -> None:
     if as_json:
         print(json.dumps(data, indent=2))
         return
-    print("\n".join(_status_lines(data)))
+    # peers name their models and engines: what they say is shown, never obeyed by the terminal
+    print("\n".join(printable(line) for line in _status_lines(data)))
 
 
 # -- kill switches ---------------------------------------------------------------------

@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from hubpool_core.config import tailscale_serve_line
+
 log = logging.getLogger("hubpool.doctor")
 
 READY, WARNING, ACTION = "ready", "warning", "needs action"
@@ -32,8 +34,8 @@ async def run_checks(node: Any) -> list[dict[str, Any]]:
                              "check this machine's network, then `tailscale status`"))
     else:
         checks.append(_check("C1", "Tailnet name", READY, name))
-    host, port = node.env.host_port
-    serve_fix = f"tailscale serve --bg --https=443 http://{host}:{port}"
+    # the same mapping as the service's line: a wildcard address is served from loopback
+    serve_fix = tailscale_serve_line(node.env.listen)
     if tailnet.serving is True:
         checks.append(_check("C2", "Published over Tailscale", READY, f"https://{name} fronts this node"))
     elif tailnet.serving is False:
@@ -74,13 +76,15 @@ async def run_checks(node: Any) -> list[dict[str, Any]]:
     refusing = []
     for row in node.peers.all():
         failure = node.health.failures.get(row.id)
-        if failure and failure.kind in ("identity_changed", "unauthorized"):
+        if failure and failure.kind in ("identity_changed", "unauthorized", "signed_required"):
             refusing.append((row.node_fqdn, failure))
     if refusing:
         for fqdn, failure in refusing:
-            words = "identity changed" if failure.kind == "identity_changed" else "credentials refused"
-            checks.append(_check("F1", f"Peer {fqdn}", ACTION, f"{words} (HTTP {failure.http_status})",
-                                 failure.as_json()["action"]))
+            words = {"identity_changed": f"identity changed (HTTP {failure.http_status})",
+                     "unauthorized": f"credentials refused (HTTP {failure.http_status})",
+                     "signed_required": "paired with bearer tokens only, refused here under poolRequireSignedPeers; "
+                                        "it does not come back by itself"}[failure.kind]
+            checks.append(_check("F1", f"Peer {fqdn}", ACTION, words, failure.as_json()["action"]))
     else:
         checks.append(_check("F1", "Peers accept this node", READY, "no peer refuses this node"))
     checks.append(_caps_check(node))

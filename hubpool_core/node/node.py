@@ -12,7 +12,7 @@ import aiohttp
 
 from hubpool_core.access.credentials import KeyStore
 from hubpool_core.api.admission import AdmissionQueue
-from hubpool_core.config import EnvSettings, SettingsStore, env_int
+from hubpool_core.config import EnvSettings, SettingsStore, env_int, parse_decimal
 from hubpool_core.models_ids import fold_model_id
 from hubpool_core.node.directions import Directions, resolve_directions
 from hubpool_core.node.heap_trim import HeapTrimmer
@@ -37,7 +37,7 @@ from hubpool_core.signals.local_engines import WHOLE_PROBE_MS, LocalEngines, bui
 from hubpool_core.signals.pressure_sampler import PressureSampler
 from hubpool_core.signals.residency import ResidencySampler
 from hubpool_core.store import Database
-from hubpool_core.store.db import UNREACHABLE, redacted
+from hubpool_core.store.db import UNREACHABLE, DatabaseUrlError, redacted
 from hubpool_core.store.history import DEFAULT_RETENTION_DAYS, HistoryStore
 from hubpool_core.telemetry import tracing
 from hubpool_core.telemetry.history import DEFAULT_FLUSH_S, HistoryRecorder
@@ -66,11 +66,8 @@ def _retention_days(raw: str | None) -> float:
     value is said in the log and the default kept."""
     if raw is None or not raw.strip():
         return DEFAULT_RETENTION_DAYS
-    try:
-        days = float(raw)
-    except ValueError:
-        days = -1.0
-    if not 0 < days <= 36_500:
+    days = parse_decimal(raw)
+    if days is None or not 0 < days <= 36_500:
         log.warning("HUB_POOL_HISTORY_RETENTION_DAYS=%r is not a number of days from 0 to 36500; keeping %d",
                     raw, DEFAULT_RETENTION_DAYS)
         return DEFAULT_RETENTION_DAYS
@@ -112,6 +109,8 @@ class Node:
         #: the routing history (HUB_POOL_HISTORY, docs/history.md): None when off
         self.history: HistoryRecorder | None = None
         self.history_store: HistoryStore | None = None
+        #: why HUB_POOL_HISTORY asked for a history the node could not open (None: no such problem)
+        self.history_error: str | None = None
         self._open_history(env)
         floor = env_int(env.dev_first_byte_floor_ms, minimum=100, maximum=15_000) or 15_000
         connect = max(floor, env_int(env.first_byte_timeout_ms, minimum=1) or 300_000)
@@ -162,7 +161,12 @@ class Node:
         url = env.resolved_history_url()
         if url is None:
             return
-        db = self.db if url == self.db.url else Database(url)
+        try:
+            db = self.db if url == self.db.url else Database(url, setting="HUB_POOL_HISTORY")
+        except DatabaseUrlError as exc:  # history is optional: the node runs without it and says why
+            log.error("routing history stays off: %s", exc)
+            self.history_error = str(exc)
+            return
         if db is not self.db:
             try:
                 db.migrate()

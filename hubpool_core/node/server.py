@@ -13,7 +13,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from hubpool_core.config import EnvSettings
 from hubpool_core.node.app import create_app
 from hubpool_core.node.node import Node
-from hubpool_core.store.db import migrate_apart
+from hubpool_core.store.db import DatabaseUrlError, migrate_apart
 
 #: seconds a stopping node lets in-flight streams finish before closing them
 GRACEFUL_SHUTDOWN_S = 30
@@ -118,7 +118,10 @@ def run_node(env: EnvSettings, log_level: str = "info") -> None:
     # the node's own migrate() then finds it current (or, if the child failed, runs it itself)
     migrate_apart(env.resolved_database_url())
     if (history_url := env.resolved_history_url()) is not None and history_url != env.resolved_database_url():
-        migrate_apart(history_url)
+        try:
+            migrate_apart(history_url)
+        except DatabaseUrlError:
+            pass  # the node says so once and runs with history off
     node = Node(env)
     logging.getLogger("hubpool").info("node listening on %s (data in %s)", env.base_url, env.data_dir)
     uvicorn.Server(make_config(env, node, log_level)).run()

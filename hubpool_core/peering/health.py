@@ -64,6 +64,15 @@ ACTIONS = {
     "identity_changed": "The peer no longer holds the identity this node pinned: run `hubpool unpair <peer>` here, "
                         "`hubpool pairing-pin` there, `hubpool pair <peer> --pin <digits>` here, then approve "
                         "there after comparing fingerprints.",
+    # a bearer-only pairing under poolRequireSignedPeers: neither side admits the other, and the
+    # upgrade to signed requests is itself refused while the setting is on, so waiting never helps
+    "signed_required": "poolRequireSignedPeers is on here and <peer> is paired with bearer tokens only (it has never "
+                       "signed), so this node neither calls it nor admits it, and it cannot upgrade while the setting "
+                       "is on: it does not come back by itself. Either turn the setting off (`hubpool settings "
+                       "poolRequireSignedPeers=false`): <peer> then upgrades to signed requests at its next health "
+                       "check, after which the setting can go back on. Or re-pair it with a PIN: `hubpool unpair "
+                       "<peer>` here, `hubpool pairing-pin` there, `hubpool pair <peer> --pin <digits>` here, then "
+                       "approve there.",
 }
 
 
@@ -77,7 +86,7 @@ def action_for(kind: str, peer: str, this_node: str | None) -> str | None:
 
 @dataclass
 class ProbeFailure:
-    kind: str  # unreachable | unauthorized | identity_changed | own_identity
+    kind: str  # unreachable | unauthorized | identity_changed | own_identity | signed_required
     http_status: int | None
     detail: str
     since: float
@@ -295,6 +304,8 @@ class HealthPoller:
                 # key is unusable: the fault is here, and only rotation clears it
                 kind = "own_identity"
                 detail = f"{detail}; this node cannot sign: {self.node.identity.error or 'no pool identity'}"
+            elif no_credential and self.node.settings.current.poolRequireSignedPeers and not row.peer_public_key:
+                kind = "signed_required"  # its own action: only the operator brings this pairing back
             self._failed(row, status, kind, detail if status != 200 else "invalid capabilities payload",
                          engine_marked, action_for(kind, row.node_fqdn, await self.node.tailnet.self_fqdn()))
         except DB_UNREACHABLE:

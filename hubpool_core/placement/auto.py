@@ -20,12 +20,16 @@ AUTO_NOTHING = ('No chat model on this Hub or its connected peers can stand in f
 AUTO_MIN_PARAMS_B = 7
 
 _NOT_CHAT = re.compile(r"embed|rerank|bge-|minilm|e5-", re.IGNORECASE)
-_PARAMS = re.compile(r"(\d+(?:\.\d+)?)\s*b\b", re.IGNORECASE)
+#: a size such as 8b or 1.5b; never part of a longer number, nor a mixture of experts' active
+#: count (the a3b of qwen3:30b-a3b: 3 B active of 30 B), which says nothing of the model's size
+_PARAMS = re.compile(r"(?<![\d.])(?<!\ba)(\d+(?:\.\d+)?)\s*b\b", re.IGNORECASE)
 #: an Ollama Cloud tag: the tag is "cloud" or ends in "-cloud" (gpt-oss:120b-cloud, kimi-k2:1t-cloud)
 _CLOUD_TAG = re.compile(r"(?:^|-)cloud$", re.IGNORECASE)
 
 
 def _params_b(model: str) -> float | None:
+    """Billions of parameters the id states (the last size in its name), the total for a
+    mixture of experts (``qwen3:235b-a22b`` is 235); None when it states none."""
     tag = model.rsplit("/", 1)[-1]
     found = _PARAMS.findall(tag.replace(":", " ").replace("-", " "))
     return float(found[-1]) if found else None

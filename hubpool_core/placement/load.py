@@ -5,9 +5,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any, NamedTuple
 
 #: what an unmeasured peer counts as: never idle
 UNKNOWN_PEER_LOAD = 1
+
+
+class Work(NamedTuple):
+    """What one request puts on a local engine: the engine's kind, the model and the window it
+    asked for, and whether it generates (a chat or a completion; an embedding, a rerank or a
+    token count does not). Contention reads generations only (spec: "Local engine contention")."""
+
+    kind: str
+    model: str
+    num_ctx: int | None
+    generation: bool = True
 
 
 class Load:
@@ -29,32 +41,46 @@ class Load:
         self.on_release: Callable[[], None] | None = None
         #: generations in flight on each local engine: engine kind -> {(model, num_ctx): count}
         self.local_work: dict[str, dict[tuple[str, int | None], int]] = {}
+        #: this node's other work in flight on each local engine (embeddings and the like):
+        #: engine kind -> count; not contention, but still this node's own on that engine
+        self.local_other: dict[str, int] = {}
 
-    def acquire(self, peer_id: str | None, work: tuple[str, str, int | None] | None = None) -> None:
-        """Count a request handed to an engine. ``work`` is (engine kind, model, num_ctx)
-        for a local engine, so contention can tell what that engine is generating."""
+    def acquire(self, peer_id: str | None, work: Work | tuple[str, str, int | None] | None = None) -> None:
+        """Count a request handed to an engine. ``work`` is what it puts on a local engine
+        (:class:`Work`; a bare (kind, model, num_ctx) is a generation), so contention can
+        tell what that engine is generating."""
         if peer_id is None:
             self.local += 1
             if work is not None:
-                slot = self.local_work.setdefault(work[0], {})
-                slot[work[1:]] = slot.get(work[1:], 0) + 1
+                self._note(work, 1)
         else:
             self.forwarded[peer_id] = self.forwarded.get(peer_id, 0) + 1
 
-    def release(self, peer_id: str | None, work: tuple[str, str, int | None] | None = None) -> None:
+    def release(self, peer_id: str | None, work: Work | tuple[str, str, int | None] | None = None) -> None:
         if peer_id is None:
             self.local = max(0, self.local - 1)
             if work is not None:
-                slot = self.local_work.get(work[0], {})
-                left = slot.get(work[1:], 0) - 1
-                if left > 0:
-                    slot[work[1:]] = left
-                else:
-                    slot.pop(work[1:], None)
+                self._note(work, -1)
         else:
             self.forwarded[peer_id] = max(0, self.forwarded.get(peer_id, 0) - 1)
         if self.on_release is not None:
             self.on_release()
+
+    def _note(self, work: Work | tuple[str, str, int | None], step: int) -> None:
+        """Add ``step`` to what ``work`` counts in: a generation by (model, window), any other
+        work by engine alone; an entry that reaches 0 goes."""
+        kind = work[0]
+        counts: dict[Any, int]
+        key: Any
+        if not isinstance(work, Work) or work.generation:
+            counts, key = self.local_work.setdefault(kind, {}), (work[1], work[2])
+        else:
+            counts, key = self.local_other, kind
+        left = counts.get(key, 0) + step
+        if left > 0:
+            counts[key] = left
+        else:
+            counts.pop(key, None)
 
     def engine_external(self, kind: str, reported: int | None) -> int:
         """What a local engine reported running or waiting beyond this node's own requests
@@ -62,7 +88,7 @@ class Load:
         or an engine with no such figure), so the proxy's count stands alone."""
         if reported is None:
             return 0
-        ours = sum(self.local_work.get(kind, {}).values())
+        ours = sum(self.local_work.get(kind, {}).values()) + self.local_other.get(kind, 0)
         return max(0, reported - ours)
 
     def note_report(self, peer_id: str) -> None:

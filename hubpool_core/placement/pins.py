@@ -6,9 +6,11 @@ their order behind them; it never adds or removes a candidate.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hubpool_core.models_ids import fold_model_id
 from hubpool_core.placement.candidates import Candidate
 
 
@@ -28,6 +30,18 @@ def find_pin(pins: list[Any], model: str) -> Any | None:
         if pin.scope == "default":
             return pin
     return None
+
+
+def local_target_available(model: str | None, backends: Sequence[Any],
+                           unservable: Callable[[str, str], Collection[str]]) -> bool:
+    """A local pin's ``targetAvailable`` (spec: "from the same predicates routing uses"): an
+    engine here is healthy and lists the pinned model, and has not withheld it as unservable
+    (``unservable``: (node, engine kind) -> the folded ids withheld there), as placement
+    leaves such an engine out of the candidates. A default pin (no model): any healthy engine."""
+    if model is None:
+        return any(b.healthy for b in backends)
+    folded = fold_model_id(model)
+    return any(b.healthy and b.lists(model) and folded not in unservable("local", b.engine.kind) for b in backends)
 
 
 def pin_matches(pin: Any, candidate: Candidate) -> bool:

@@ -164,7 +164,9 @@ class ThroughputStore:
 
     def record_deadline_miss(self, node: str, backend: str, model: str, estimated_tokens: int,
                              budget_ms: int) -> None:
-        """A streamed request that ran out of its first-byte budget: at least this slow."""
+        """A streamed request that ran out of its first-byte budget: at least this slow. The
+        relay calls it only when the node had nothing else in flight, as it takes samples: a
+        miss behind other work times the queue, not the hardware."""
         band = band_of(estimated_tokens)
         if band is None or not _finite(budget_ms) or budget_ms <= 0:
             return

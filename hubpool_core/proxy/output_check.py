@@ -3,7 +3,8 @@
 Cut off (``truncated-upstream``): the dialect's final frame is missing, an OpenAI stream
 carried an error frame, or the connection dropped. Degenerate (``degenerate-output``): the
 first 256 characters of generated text, answer and reasoning together, are nothing but
-``<unusedN>`` placeholders. A stream is judged on the way past from its first slice and last
+``<unusedN>`` placeholders, the last possibly cut in half by the 256th character (a run of
+them longer than the head never ends on its edge). A stream is judged on the way past from its first slice and last
 line only; a body not recognisably in the dialect is not judged.
 """
 
@@ -24,6 +25,8 @@ HEAD_CHARS = 256
 MAX_JUDGED_BODY_BYTES = 4 * 1024 * 1024
 FIRST_BYTES = 4096
 _PLACEHOLDERS = re.compile(r"(?:\s*<unused\d+>)+\s*")
+#: what is left of a placeholder cut at the head's edge: "<", "<unu", "<unused4"
+_CUT_PLACEHOLDER = re.compile(r"<(?:u(?:n(?:u(?:s(?:e(?:d\d*)?)?)?)?)?)?")
 #: a character no run of placeholders contains: once the head has one, it is not degenerate
 _NOT_PLACEHOLDER = re.compile(r"[^\s\d<>unsed]")
 
@@ -64,8 +67,14 @@ def _text_of(obj: Any, dialect: str) -> str:
 
 
 def degenerate(text: str) -> bool:
+    """The first 256 characters are nothing but placeholders, the last possibly cut by the
+    256th: a long run of them (``<unused49>`` is 10 characters) never ends on the edge."""
     head = text[:HEAD_CHARS]
-    return bool(head.strip()) and _PLACEHOLDERS.fullmatch(head) is not None
+    run = _PLACEHOLDERS.match(head)
+    if run is None:
+        return False
+    rest = head[run.end():]
+    return not rest or (len(text) > HEAD_CHARS and _CUT_PLACEHOLDER.fullmatch(rest) is not None)
 
 
 def judge_whole(dialect: str, body: bytes) -> str | None:

@@ -23,6 +23,7 @@ from starlette.types import Receive, Scope, Send
 
 from hubpool_core.engine import AGENT_DIALECTS, RESPONSES
 from hubpool_core.models_ids import fold_model_id
+from hubpool_core.placement.load import Work
 from hubpool_core.proxy.attempt import Failed, send_attempt, transport_code
 from hubpool_core.proxy.failover import exhausted, fails_over, passed_over
 from hubpool_core.proxy.front import Front, keepalive_eligible
@@ -112,8 +113,9 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
         observe(plan, "placed" if attempt == 1 else "failed_over", cand)
         log_.touch(row, node=plan.inbound_from or cand.node, peerId=cand.peer_id, backend=cand.backend,
                    attempt=attempt)
-        work = (cand.backend, plan.model, plan.num_ctx) if cand.is_local else None
-        # a sample is taken only when the node had nothing else in flight, as far as we can tell
+        work = Work(cand.backend, plan.model, plan.num_ctx, judged) if cand.is_local else None
+        # a sample (or a missed deadline) counts only when the node had nothing else in flight,
+        # as far as we can tell
         alone = (load.local == 0) if cand.is_local else (cand.in_flight == 0)
         cold = node.residency.resident(cand.node, cand.backend, plan.model) is False
         if plan.span is not None:
@@ -129,7 +131,7 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
                 settle_hangup(node, plan, cand, started)
                 return
             except TimeoutError:
-                _deadline_missed(node, plan, cand)
+                _deadline_missed(node, plan, cand, alone)
                 raise Failed(None, f"No response headers within {plan.budget_ms}ms", deadline=True) from None
             except aiohttp.ClientError as exc:
                 raise Failed(None, f"fetch failed ({transport_code(exc)})") from None
@@ -187,7 +189,7 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
                     return
                 except TimeoutError:
                     upstream.close()
-                    _deadline_missed(node, plan, cand)
+                    _deadline_missed(node, plan, cand, alone)
                     raise Failed(None, f"no first token within {plan.budget_ms}ms", deadline=True) from None
                 except Failed as failure:
                     upstream.close()
@@ -245,9 +247,11 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
     await exhausted(node, plan, send, failures, started)
 
 
-def _deadline_missed(node: Any, plan: RelayPlan, cand: Any) -> None:
-    """A streamed completion ran out of its first-byte budget: throughput evidence."""
-    if plan.stream and plan.route in COMPLETION_ROUTES:
+def _deadline_missed(node: Any, plan: RelayPlan, cand: Any, alone: bool) -> None:
+    """A streamed completion ran out of its first-byte budget: throughput evidence, taken as a
+    sample is, only when the node had nothing else in flight (``alone``): a miss behind other
+    work times the queue, not the hardware (issue 26.12)."""
+    if plan.stream and plan.route in COMPLETION_ROUTES and alone:
         node.throughput.record_deadline_miss(cand.node, cand.backend, fold_model_id(plan.model),
                                              plan.estimated_tokens, plan.budget_ms)
 

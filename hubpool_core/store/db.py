@@ -6,6 +6,7 @@ import ast
 import errno
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -17,6 +18,8 @@ from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine as SqlEngine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, InterfaceError, OperationalError
+
+from hubpool_core.config import parse_decimal, refuse_once
 
 log = logging.getLogger("hubpool.store")
 
@@ -39,6 +42,23 @@ def redacted(url: str) -> str:
         return "(unparseable database URL)"
 
 
+class DatabaseUrlError(ValueError):
+    """A database URL no engine can be built from (a typo, an unknown scheme, a driver that is
+    not installed): said as a sentence naming the variable it came from, never a traceback."""
+
+    def __init__(self, url: str, exc: BaseException, setting: str = "HUB_POOL_DATABASE_URL"):
+        shown = redacted(url)
+        if shown == "(unparseable database URL)":  # said as given, any password still masked
+            shown = re.sub(r"://[^@/]*@", "://***@", url)[:200]
+        what = "`sqlite` (history.db in the data directory), " if setting == "HUB_POOL_HISTORY" else ""
+        driver = " (PostgreSQL needs the postgres extra: pip install 'hubpool[postgres]')" \
+            if isinstance(exc, ImportError) and url.startswith("postgres") else ""
+        super().__init__(
+            f"{setting}={shown} is not a database URL hubpool can open ({describe(exc)}){driver}: give "
+            f"{what}sqlite:////absolute/path.db or postgresql+psycopg://user@host/database (docs/postgres.md)")
+        self.setting = setting
+
+
 def describe(exc: BaseException) -> str:
     """One line an operator can read: the driver's first line, not SQLAlchemy's background link."""
     inner = getattr(exc, "orig", None) or exc
@@ -49,7 +69,7 @@ def describe(exc: BaseException) -> str:
 class Database:
     """One database: its engine (repos run Core statements on ``engine.begin()`` / ``connect()``)."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, setting: str = "HUB_POOL_DATABASE_URL"):
         self.url = url
         kwargs: dict[str, Any] = {}
         if url.startswith("sqlite"):
@@ -61,7 +81,10 @@ class Database:
             # use, and a server that is gone fails a connect in seconds, not minutes
             kwargs["pool_pre_ping"] = True
             kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
-        self.engine: SqlEngine = create_engine(url, future=True, **kwargs)
+        try:
+            self.engine: SqlEngine = create_engine(url, future=True, **kwargs)
+        except (ArgumentError, ImportError) as exc:  # NoSuchModuleError is an ArgumentError
+            raise DatabaseUrlError(url, exc, setting) from None
         if url.startswith("sqlite"):
             event.listen(self.engine, "connect", _sqlite_pragmas)
         #: wall-clock time the database stopped answering, None while it answers
@@ -261,11 +284,13 @@ DEFAULT_BUSY_TIMEOUT_S = 30.0
 
 
 def busy_timeout_s() -> float:
-    try:
-        value = float(os.environ.get("HUB_POOL_SQLITE_BUSY_TIMEOUT_S", DEFAULT_BUSY_TIMEOUT_S))
-    except ValueError:
+    raw = os.environ.get("HUB_POOL_SQLITE_BUSY_TIMEOUT_S")
+    value = parse_decimal(raw)
+    if value is None:
+        if raw is not None and raw.strip():
+            refuse_once("HUB_POOL_SQLITE_BUSY_TIMEOUT_S", raw, "a number of seconds from 1 to 600")
         return DEFAULT_BUSY_TIMEOUT_S
-    return min(600.0, max(1.0, value)) if value == value else DEFAULT_BUSY_TIMEOUT_S
+    return min(600.0, max(1.0, value))
 
 
 class StorageRefused(Exception):

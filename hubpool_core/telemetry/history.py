@@ -36,6 +36,13 @@ SETTLE_GRACE_MS = 250
 
 
 class HistoryWriter(Protocol):
+    """Where settled rows go (hubpool_core.store.history.HistoryStore).
+
+    ``write`` returns how many rows it wrote; one it cannot write for its data is dropped there
+    (and counted), so fewer than given is not an error. An exception means the database is out
+    of reach: the batch is kept and tried again, or, when the exception carries ``unwritten``
+    (an outage part-way through), only those rows, with ``written`` counted as done."""
+
     def write(self, rows: list[dict[str, Any]], boot_id: str) -> int: ...
     def prune(self, retention_days: float) -> int: ...
 
@@ -77,6 +84,8 @@ class HistoryRecorder:
         self.written = 0
         self.batches = 0
         self.dropped = 0
+        #: rows the database refused for their data, each dropped alone (its batch was written)
+        self.refused = 0
         self.last_error: str | None = None
         self._periodic = Periodic("routing history", self.flush, lambda: self.flush_s)
 
@@ -117,18 +126,23 @@ class HistoryRecorder:
             batch, self._backlog = self._backlog, []
             if batch:
                 try:
-                    await asyncio.to_thread(self.writer.write, batch, self.ring.boot_id)
+                    written = await asyncio.to_thread(self.writer.write, batch, self.ring.boot_id)
                 except Exception as exc:  # noqa: BLE001 - kept for the next try; the ring is unaffected
-                    self._backlog[:0] = batch
+                    left = getattr(exc, "unwritten", None)
+                    kept = left if isinstance(left, list) else batch
+                    self.written += getattr(exc, "written", 0) if kept is left else 0
+                    self._backlog[:0] = kept
                     if self.last_error is None:
                         log.warning("routing history: could not write %d rows (%s); kept in memory and retried",
-                                    len(batch), exc)
+                                    len(kept), exc)
                     self.last_error = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
                     return
                 if self.last_error is not None:
                     log.info("routing history: writing again")
                 self.last_error = None
-                self.written += len(batch)
+                written = written if isinstance(written, int) else len(batch)
+                self.written += written
+                self.refused += max(0, len(batch) - written)
                 self.batches += 1
             if self._clock() >= self._next_prune:
                 self._next_prune = self._clock() + PRUNE_EVERY_S
@@ -149,4 +163,5 @@ class HistoryRecorder:
     def status(self) -> dict[str, Any]:
         return {"enabled": True, "flushMs": int(self.flush_s * 1000), "retentionDays": self.retention_days,
                 "written": self.written, "batches": self.batches, "backlog": len(self._backlog),
-                "inFlight": len(self._watching), "dropped": self.dropped, "error": self.last_error}
+                "inFlight": len(self._watching), "dropped": self.dropped, "refused": self.refused,
+                "error": self.last_error}

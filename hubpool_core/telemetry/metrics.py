@@ -42,7 +42,7 @@ DIRECTIONS = frozenset({"outbound", "inbound"})
 OUTCOMES = frozenset({"served", "failed"})
 REASON_KINDS = ("http_5xx", "http_4xx", "deadline", "transport", "output_fault", "verdict", "other")
 RESUME_KINDS = ("stalled", "degenerate-loop", "truncated-upstream", "other")
-PROBE_KINDS = ("unreachable", "unauthorized", "identity_changed", "own_identity")
+PROBE_KINDS = ("unreachable", "unauthorized", "identity_changed", "own_identity", "signed_required")
 #: peers whose health the poller follows (a pending pairing request is nobody's peer yet)
 PAIRED = ("connected", "unreachable")
 #: seconds; an LLM answer can take minutes, an embedding milliseconds

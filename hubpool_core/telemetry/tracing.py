@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hubpool_core import __version__
+from hubpool_core.config import whole_in_range
 
 log = logging.getLogger("hubpool.tracing")
 
@@ -100,8 +101,8 @@ def build(environ: Mapping[str, str], instance: str | None = None) -> NodeTracer
         resource = resource.merge(Resource({"service.name": service or DEFAULT_SERVICE_NAME}))
     provider = TracerProvider(resource=resource)
     # BatchSpanProcessor's numeric keywords: Any, as mypy cannot match a **dict to them by name
-    batch: dict[str, Any] = {arg: int(environ[var]) for var, arg in _BSP_VARS.items()
-                             if (environ.get(var) or "").strip().isdigit()}
+    batch: dict[str, Any] = {arg: value for var, arg in _BSP_VARS.items()
+                             if (value := whole_in_range(environ.get(var), 1, None)) is not None}
     for name in names:
         if name == "otlp":
             exporter: Any = OTLPSpanExporter(endpoint=_otlp_endpoint(environ))

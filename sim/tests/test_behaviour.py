@@ -46,8 +46,9 @@ def test_slots_queue_the_excess():
 
 
 def test_llamacpp_slots_show_processing():
-    with run_in_thread(SimConfig(flavor="llamacpp", slots=2, decode_ms_per_token=30)) as sim:
-        worker = threading.Thread(target=lambda: httpx.post(sim.url + "/v1/chat/completions", json=chat("hi"), timeout=10))
+    # 100 tokens at 30 ms: a 3 s window to see the slot busy in, however slowly a loaded machine polls
+    with run_in_thread(SimConfig(flavor="llamacpp", slots=2, decode_ms_per_token=30, tokens=100)) as sim:
+        worker = threading.Thread(target=lambda: httpx.post(sim.url + "/v1/chat/completions", json=chat("hi"), timeout=30))
         worker.start()
         assert wait_until(lambda: any(s["is_processing"] for s in httpx.get(sim.url + "/slots").json()))
         worker.join()

@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 from harness import fqdn, make_pool, pair, poll_until_offered
 
+from hubpool_core.store import Database
 from hubpool_sim import SimConfig, SimModel, run_in_thread
 
 pytestmark = [pytest.mark.fault, pytest.mark.timeout(180)]
@@ -81,7 +82,8 @@ def _fill(where: Path) -> Path:
 
 def _cli(data_dir: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("HUB_POOL_")}
-    environ.update({"HUB_POOL_DATA_DIR": str(data_dir), **(env or {})})
+    # a closed port: no node that happens to run on this machine is asked about the directory
+    environ.update({"HUB_POOL_DATA_DIR": str(data_dir), "HUB_POOL_LISTEN": "127.0.0.1:9", **(env or {})})
     return subprocess.run([sys.executable, "-m", "hubpool_core.cli", *args], env=environ, capture_output=True,
                           text=True, timeout=timeout)
 
@@ -172,6 +174,11 @@ def test_f12_disk_full_refuses_writes_whole_and_keeps_serving(tmp_path, small_di
 def test_f12_database_busy_waits_then_says_so(tmp_path, report):
     data_dir = tmp_path / "hub-a"
     data_dir.mkdir()
+    # the node's store, as its first start leaves it (the api-key commands refuse a data
+    # directory no node has used: issue 26 item 22)
+    store = Database(f"sqlite:///{data_dir / 'hubpool.db'}")
+    store.migrate()
+    store.dispose()
     first = _cli(data_dir, "api-key", "create", "--scope", "inference")
     assert first.returncode == 0, first.stderr
     # another writer takes the write lock (as a long CLI write or a second process would)

@@ -140,8 +140,9 @@ def test_f2_a_sigstopped_engine_fails_over_on_the_budget_and_everything_returns_
         for op in ops:
             b_row = b_rows[op.rid]
             gave_up = b_row["clientClosed"] is True
+            # its one candidate, where its walk ran out: the row's reason, not a failover (issue 26.19)
             own_deadline = (b_row["outcome"], b_row["status"]) == ("failed", 502) and \
-                b_row["attempts"][0]["reason"] == f"No response headers within {BUDGET_MS}ms"
+                b_row["reason"] == f"No response headers within {BUDGET_MS}ms" and b_row["attempts"] == []
             assert gave_up or own_deadline, json.dumps(b_row)
         rec = reconcile(history, {"hub-a": rig.log("hub-a"), "hub-b": list(b_rows.values())}, rig.fqdns)
         assert rec.ok(), rec.problems[:10]

@@ -73,7 +73,7 @@ const HP = (() => {
 
   const STATUS_WORDS = { connected: "Connected", pending: "Pending", unreachable: "Unreachable",
                          identity_changed: "Identity changed", unauthorized: "Credentials refused",
-                         own_identity: "This Hub cannot sign" };
+                         own_identity: "This Hub cannot sign", signed_required: "Unsigned, refused" };
 
   // a request shows the requester's tailnet name (spec); a display name is only its own claim
   function peerName(p) { return p.displayName && p.displayName !== p.nodeFqdn && p.displayName !== shortName(p.nodeFqdn)

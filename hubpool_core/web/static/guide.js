@@ -284,6 +284,7 @@ const Guide = (() => {
     if (f && f.kind === "identity_changed") return "It no longer recognizes this Hub's identity. Unpair it, then pair again with a PIN.";
     if (f && f.kind === "unauthorized") return "It refuses this Hub's credentials. Unpair it, then pair again with a PIN.";
     if (f && f.kind === "own_identity") return "This Hub's own pool key cannot be used. Run hubpool rotate-identity here, then pair again with a PIN.";
+    if (f && f.kind === "signed_required") return "It has never signed its requests and poolRequireSignedPeers is on, so it cannot come back by itself: turn that setting off (it then upgrades on its next health check), or unpair it and pair again with a PIN.";
     if (p.direction === "inbound" && p.status === "unreachable" && !p.lastSeenAt)
       return "It never received your approval. Make sure each Hub reaches the other over HTTPS, then unpair and pair again.";
     return null;

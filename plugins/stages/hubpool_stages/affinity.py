@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hubpool_core import Stage
+from hubpool_core.config import parse_decimal
 from hubpool_core.models_ids import fold_model_id
 from hubpool_stages.contention import blocking_work, contention_on, reloaded_for_another_window
 
@@ -49,10 +50,8 @@ SCRATCH_REMEMBERED = "affinity_remembered"
 def ttl_ms_from(environ: Mapping[str, str]) -> int:
     """``max(1000, HUB_POOL_PREFIX_AFFINITY_TTL_MS || 600_000)``: unset, zero or not a
     number is the default; anything below a second is a second."""
-    try:
-        value = int(float(environ.get(TTL_ENV, "") or 0))
-    except (TypeError, ValueError, OverflowError):
-        value = 0
+    # the core's one parser: ASCII digits only ("٣٠٠٠" or "1e4" is not a number of milliseconds)
+    value = int(parse_decimal(environ.get(TTL_ENV)) or 0)
     return max(MIN_TTL_MS, value or DEFAULT_TTL_MS)
 
 

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hubpool_core import Stage
+from hubpool_core.config import parse_decimal
 from hubpool_core.models_ids import fold_model_id
 from hubpool_core.placement import find_pin, pin_matches
 from hubpool_core.placement.throughput import (
@@ -63,11 +64,8 @@ def throughput_on(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def _number(raw: str | None) -> float | None:
-    try:
-        value = float(raw) if raw is not None and raw.strip() else None
-    except ValueError:
-        return None
-    return value if value is not None and math.isfinite(value) else None
+    # the core's one parser: ASCII digits only, no exponent, inf or nan
+    return parse_decimal(raw)
 
 
 def slower_settings(environ: Mapping[str, str] | None = None) -> tuple[float, float]:
