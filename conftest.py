@@ -52,6 +52,7 @@ SLOW = (
     "tests/test_clients_agents.py",  # 30 s
     "tests/test_stream_watch.py",  # 36 s: two nodes, streams left to stall
     "tests/test_stream_resume.py",  # 17 s: two nodes, streams stalled and resumed
+    "tests/test_stream_unresumable.py",  # 24 s: two nodes, tool calls and routes cut and not resumed
     "tests/test_loop_rule.py",  # 8 s: the loop rule over the Python standard library
     "tests/test_stream_commit.py",  # 75 s: two nodes, each wedged engine waited out to its header budget
     "sim/tests/test_stream_faults.py",  # 10 s
@@ -60,6 +61,7 @@ SLOW = (
     "tests/test_hangup_after_headers.py",  # 8 s: engines that stall after their headers, one pair of nodes
     "tests/test_history_crash.py",  # 27 s: a node process SIGKILLed under load and started again
     "tests/test_identity_lifecycle.py",  # 8 s
+    "tests/test_placement_mechanisms.py",  # 14-21 s: three nodes, three simulated boxes, each test
     "tests/test_identity_recovery.py",  # 10 s: a real restart and three CLI runs
     "tests/test_pairing.py",  # 36 s
     "tests/test_pair_by_lan_name.py",  # 11 s: pairs by LAN name through the CLI, end to end

@@ -75,6 +75,8 @@ class EnvSettings(BaseSettings):
     # test rigs only (docs/reliability.md): the fault suite needs 1 s polls and header budgets
     # of a second or two, below what the persisted setting (10 s) and the 15 s floor allow
     dev_health_poll_seconds: str | None = _alias("HUB_POOL_DEV_HEALTH_POLL_SECONDS")
+    # the busy load poll's interval for test and bench rigs whose clock runs faster (50-10000 ms)
+    dev_load_poll_ms: str | None = _alias("HUB_POOL_DEV_LOAD_POLL_MS")
     dev_first_byte_floor_ms: str | None = _alias("HUB_POOL_DEV_FIRST_BYTE_FLOOR_MS")
     # ... and nodes whose clocks disagree: shifts the clock this node signs peer requests by and
     # judges theirs against (milliseconds, ±1 day; negative lags behind)
@@ -361,6 +363,20 @@ class PoolSettings(BaseModel):
     #: time to first token (queue wait, prefill of what the engine does not hold, model load);
     #: 0 is the spec's queue-depth ranking exactly. See docs/placement.md.
     poolTtftRanking: int = Field(default=1, ge=0, le=1)
+    #: hubpool's own, with poolTtftRanking (issue 27; docs/placement.md): 1 prices every
+    #: candidate's cached prefix from a block-hash index of the prompts this node sent each
+    #: engine (a fleet's shared system prompt included); 0 counts only the engine that last
+    #: took the session, as before
+    poolPrefixIndex: int = Field(default=1, ge=0, le=1)
+    #: hubpool's own, with poolTtftRanking: 1 sends a request whose best predictions tie to the
+    #: engine holding the fewest sessions (a local head start no longer piles sessions on the
+    #: entry node); 0 leaves ties in queue-depth order, as before
+    poolSessionSpread: int = Field(default=1, ge=0, le=1)
+    #: hubpool's own (issue 27; docs/placement.md): while this node has work in flight or placed
+    #: some in the last two seconds, it asks each connected peer's in-flight count this often (ms),
+    #: fresher than the health poll; 0 turns it off (the poll and forwarded answers alone, as
+    #: before). Values under 100 are read as 100.
+    poolLoadPollMs: int = Field(default=500, ge=0, le=10_000)
     #: hubpool's own: the pool-wide admission queue's size; 0 (the default) is off, and a
     #: request is sent at once whatever its candidates' load, as the spec places. See
     #: docs/placement.md.

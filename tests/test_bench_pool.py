@@ -56,6 +56,7 @@ def test_built_in_traces_are_seeded_and_shaped():
     agents = traces.built_in("agents", 1, traces.UNEQUAL)
     sessions = {r.session for r in agents.requests}
     assert len(sessions) == 6 and len(agents.requests) == 72
+    assert traces.built_in("fleet", 1, traces.EQUAL).span_s <= 31
     burst = traces.built_in("burst", 1, traces.UNEQUAL)
     assert burst.span_s <= 30 and len(burst.requests) >= 0.7 * 3 * traces.pool_capacity(traces.UNEQUAL) * 30
     cold = traces.built_in("cold", 1, traces.UNEQUAL)
@@ -135,3 +136,68 @@ def test_a_small_trace_through_every_dispatcher_on_two_nodes(tmp_path):
     assert report.summary["cold"]["oracle"]["firstServedBy"][0][0] == "slow"
     assert report.overhead is not None and report.overhead["requests"] > 0
     assert json.loads(json.dumps(report.to_json()))["goals"]
+
+
+def test_the_fleet_trace_shares_one_head_across_sessions_and_each_session_extends_itself():
+    fleet = traces.built_in("fleet", 2, traces.EQUAL)
+    sessions: dict[str, list[TraceRequest]] = {}
+    for r in fleet.requests:
+        sessions.setdefault(r.session, []).append(r)
+    assert len(sessions) == 12 and all(len(turns) == 6 for turns in sessions.values())
+    assert {r.prefix for r in fleet.requests} == {"fleet-agent-2"} and fleet.slo_ms == 10_000
+    heads, firsts = set(), []
+    for turns in sessions.values():
+        sizes: list[int] = []
+        prompts = []
+        for i, turn in enumerate(turns):
+            messages = messages_for(turn, i, list(sizes))
+            prompts.append(rendered(messages))
+            sizes.append(turn.prompt_tokens)
+            assert len("".join(m["content"] for m in messages)) == turn.prompt_tokens * 4
+        assert all(b.startswith(a[:-1]) for a, b in zip(prompts, prompts[1:], strict=False))
+        firsts.append(prompts[0])
+        heads.add(rendered(messages_for(turns[0], 0, [])[:2]))
+    shared = 16_000 * 4
+    assert len({p[:shared] for p in firsts}) == 1  # every session starts with the agent's 16k tokens
+    assert len({p[:shared + 400] for p in firsts}) == len(firsts)  # and then its own task
+    assert len(heads) == len(firsts)  # so each session's prompt head (system + first turn) is its own
+    again = traces.parse(fleet.dumps())
+    assert [r.to_json() for r in again.requests] == [r.to_json() for r in fleet.requests]
+    with pytest.raises(traces.TraceError, match="prefixTokens"):
+        traces.parse('{"format": "hubpool-trace/1"}\n'
+                     '{"promptTokens": 5, "outputTokens": 5, "session": "s", "prefix": "p", "prefixTokens": 9}\n')
+
+
+def test_the_routers_are_dispatchers_when_installed_and_say_how_to_install_when_not(tmp_path):
+    """SGLang's and vLLM's routers (optional: `uv sync --group routers`) in front of the same
+    simulated engines; where a wheel is missing the report says how to install it. Bounded:
+    one tiny trace, one round."""
+    from hubpool_core.bench.pool_routers import INSTALL, SGLANG_CACHE_AWARE, routers
+
+    known = routers()
+    assert set(SGLANG_CACHE_AWARE) <= set(known) and len(known) == 4
+    names = tuple(known)
+    report = run_bench(traces=("agents",), dispatchers=(*names, "oracle"), rounds=1, scale=0.05, size=0.1,
+                       seed=4, overhead_n=0, warmup=False, nodes=TWO, workdir=tmp_path)
+    expected = len(traces.built_in("agents", 4, TWO, 0.1).requests)
+    for name in names:
+        if known[name]["missing"]:
+            assert INSTALL in report.notes[name] and name not in report.summary.get("agents", {})
+            continue
+        s = report.summary["agents"][name]
+        assert s["requests"] == s["served"] == expected, (name, s["errors"])
+        assert sum(s["servedBy"].values()) == expected and set(s["servedBy"]) <= {"fast", "slow"}
+    assert report.summary["agents"]["oracle"]["served"] == expected
+
+
+def test_a_sessions_turns_are_listed_in_order_so_the_first_is_sent_first():
+    """The agents trace once sorted its sessions' later turns (planned at 0.0) before their first
+    turn, and the replay sent each session's first turn last."""
+    for name in ("agents", "fleet"):
+        trace = traces.built_in(name, 1, traces.UNEQUAL)
+        sessions: dict[str, list[TraceRequest]] = {}
+        for r in trace.requests:
+            sessions.setdefault(r.session, []).append(r)
+        for turns in sessions.values():
+            assert turns[0].gap is None and all(t.gap is not None for t in turns[1:])
+            assert [t.prompt_tokens for t in turns] == sorted(t.prompt_tokens for t in turns)

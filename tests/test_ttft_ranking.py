@@ -162,3 +162,41 @@ def _until(predicate, timeout=10.0):
             return True
         time.sleep(0.02)
     return predicate()
+
+
+def test_throughput_placement_off_stops_the_prediction_and_nothing_is_hashed(boxes, monkeypatch):
+    """issue 26 item 17: HUB_POOL_THROUGHPUT_PLACEMENT=off turns the predicted-TTFT ordering off
+    too (the spec's switch for measured speed reordering candidates), and with affinity at 0
+    no prompt head is hashed for a feature that is off."""
+    import hubpool_stages.affinity as affinity
+
+    a, b, fast = boxes
+    assert ask(a, 1200).headers["x-hub-pool-served-by"] == "local"
+    op(a, "POST", "/pins", {"scope": "default", "targetKind": "peer", "targetPeerId": a.node.peers.by_fqdn(
+        fqdn("hub-b")).id})
+    assert ask(a, 1200).headers["x-hub-pool-served-by"] == fqdn("hub-b")
+    op(a, "DELETE", "/pins?scope=default")
+    held = [threading.Thread(target=ask, args=(b, 100), kwargs={"max_tokens": 1000}) for _ in range(2)]
+    for t in held:
+        t.start()
+    heads = []
+    real = affinity.prompt_head
+    monkeypatch.setattr(affinity, "prompt_head", lambda *a_, **k: heads.append(1) or real(*a_, **k))
+    try:
+        assert _until(lambda: fast.stats()["in_flight"] == 2)
+        a.run(a.node.health.poll_once())
+        assert op(a, "GET", "/settings")["poolTtftRanking"] == 1
+        heads.clear()  # hub-b placed its own two with the ranking on
+        monkeypatch.setenv("HUB_POOL_THROUGHPUT_PLACEMENT", "off")
+        off = ask(a, 2000)
+        # measured speed no longer reorders: the spec's queue-depth order sends it to the idle local box
+        assert off.status_code == 200 and off.headers["x-hub-pool-served-by"] == "local"
+        assert row(a, off)["ttft"] is None
+        assert heads == []  # nothing hashed: neither affinity (0) nor the prediction (off) needs it
+        monkeypatch.delenv("HUB_POOL_THROUGHPUT_PLACEMENT")
+        on = ask(a, 2000)
+        assert on.headers["x-hub-pool-served-by"] == fqdn("hub-b") and row(a, on)["ttft"]["moved"] is True
+        assert heads  # on, the prediction reads the session's head for what each engine holds
+    finally:
+        for t in held:
+            t.join()

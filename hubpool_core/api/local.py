@@ -96,7 +96,7 @@ async def forward(request: Request) -> Response:
         return _refuse(node, route, peer.node_fqdn, request, 400, 'Request body must include a "model" field')
     dialect, route_class = ROUTED[route]
     asked = PlacementRequest(route, dialect, route_class, model, body, raw, _wants_stream(dialect, route_class, body))
-    plan = place_inbound(await snapshot_of(node, inbound=True), asked, kind)
+    plan = place_inbound(await snapshot_of(node, inbound=True, serving=(kind, model)), asked, kind)
     rid = request.headers.get("x-hub-pool-request-id")
     row = node.routing_log.open(direction="inbound", path=route, model=model,
                                 request_id=rid if rid and REQUEST_ID.fullmatch(rid) else None,

@@ -36,7 +36,8 @@ def _requests(trace: dict[str, Any]) -> list[TraceRequest]:
     for item in trace["requests"]:
         out.append(TraceRequest(at=item["at"], prompt_tokens=item["promptTokens"],
                                 output_tokens=item["outputTokens"], entry=item.get("entry", 0),
-                                session=item.get("session"), gap=item.get("gap"), model=item.get("model", "chat")))
+                                session=item.get("session"), gap=item.get("gap"), model=item.get("model", "chat"),
+                                prefix=item.get("prefix"), prefix_tokens=item.get("prefixTokens", 0)))
     return out
 
 

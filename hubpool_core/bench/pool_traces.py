@@ -7,13 +7,17 @@ A trace file is JSON Lines. The first line is the header, every other line one r
     {"at": 0.0, "entry": 0, "session": "s0", "promptTokens": 6200, "outputTokens": 120}
     {"at": 0.0, "entry": 0, "session": "s0", "gap": 4.5, "promptTokens": 6900, "outputTokens": 80}
     {"at": 3.2, "entry": 2, "promptTokens": 900, "outputTokens": 200, "model": "cold"}
+    {"at": 1.0, "entry": 1, "session": "f3", "prefix": "agent", "prefixTokens": 16000, "promptTokens": 17500,
+     "outputTokens": 150}
 
 Times are seconds of the simulated (unscaled) clock. ``at`` is when a request is sent. A
 request with a ``session`` is sent in its session's order: no sooner than ``at`` and no
 sooner than ``gap`` seconds after the session's previous request was answered (an agent
 thinks between turns). A session's prompts share their bytes: each turn's prompt is the
 previous one's with more appended, so an engine's prompt cache can serve the shared part.
-Prompts without a session are unique. ``entry`` is the node the request enters the pool at
+Prompts without a session are unique. ``prefix`` names a prompt head that every request
+naming it starts with (``prefixTokens`` of it: one agent's system prompt and tool list,
+shared by all its sessions); the session's own text follows it. ``entry`` is the node the request enters the pool at
 (an app talks to its own node; dispatchers with one front door ignore it), taken modulo
 the pool's size. ``model`` is ``chat`` (the default) or ``cold``, the model the cold trace
 asks for, which only one node holds in memory at the start. ``sloMs`` is the trace's
@@ -31,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 FORMAT = "hubpool-trace/1"
-BUILT_IN = ("chat", "agents", "burst", "cold")
+BUILT_IN = ("chat", "agents", "fleet", "burst", "cold")
 #: bytes per token: the pool's own estimate, and the simulator's
 TOKEN_BYTES = 4
 
@@ -69,12 +73,18 @@ class TraceRequest:
     session: str | None = None
     gap: float | None = None
     model: str = "chat"
+    #: a prompt head shared with every request naming it, and its size in tokens
+    prefix: str | None = None
+    prefix_tokens: int = 0
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"at": round(self.at, 3), "entry": self.entry, "promptTokens": self.prompt_tokens,
                                "outputTokens": self.output_tokens}
         if self.session is not None:
             out["session"] = self.session
+        if self.prefix is not None:
+            out["prefix"] = self.prefix
+            out["prefixTokens"] = self.prefix_tokens
         if self.gap is not None:
             out["gap"] = round(self.gap, 3)
         if self.model != "chat":
@@ -150,13 +160,20 @@ def parse(text: str, name: str = "trace") -> Trace:
         entry = item.get("entry", 0)
         if not isinstance(entry, int) or isinstance(entry, bool) or entry < 0:
             raise TraceError(f"line {number}: entry must be a node index, 0 or more")
+        prefix = item.get("prefix")
+        if prefix is not None and not isinstance(prefix, str):
+            raise TraceError(f"line {number}: prefix must be a string")
+        prefix_tokens = _positive_int(item.get("prefixTokens"), "prefixTokens", number) if prefix is not None else 0
         requests.append(TraceRequest(
             at=_seconds(item.get("at", 0.0), "at", number),
             prompt_tokens=_positive_int(item.get("promptTokens"), "promptTokens", number),
             output_tokens=_positive_int(item.get("outputTokens"), "outputTokens", number),
             entry=entry, session=session,
             gap=_seconds(item["gap"], "gap", number) if item.get("gap") is not None else None,
-            model=model))
+            model=model, prefix=prefix, prefix_tokens=prefix_tokens))
+        if prefix is not None and prefix_tokens >= requests[-1].prompt_tokens:
+            raise TraceError(f"line {number}: prefixTokens must be less than promptTokens (the session's own "
+                             "text follows the shared head)")
     slo = header.get("sloMs", 5000.0)
     if not isinstance(slo, (int, float)) or isinstance(slo, bool) or slo <= 0:
         raise TraceError("the header's sloMs must be a positive number of milliseconds")
@@ -199,11 +216,35 @@ def agents(seed: int, nodes: tuple[NodeSpec, ...], sessions: int = 6, turns: int
         tokens = rng.randint(6_000, 20_000)
         start = rng.uniform(0, 20)
         for k in range(turns):
-            out.append(TraceRequest(start if k == 0 else 0.0, tokens, rng.randint(60, 300), entry=s % len(nodes),
+            # every turn carries its session's start: the sort below keeps a session's turns in order
+            # (a later turn at 0.0 once sorted before its first, which was then sent last)
+            out.append(TraceRequest(start, tokens, rng.randint(60, 300), entry=s % len(nodes),
                                     session=f"agent-{seed}-{s}", gap=None if k == 0 else rng.uniform(2, 8)))
             tokens += rng.randint(300, 2_000)
     out.sort(key=lambda r: r.at)
     return Trace("agents", out, 10_000.0, f"{sessions} agent sessions of {turns} turns, 6–20k-token prefixes")
+
+
+def fleet(seed: int, nodes: tuple[NodeSpec, ...], sessions: int = 12, turns: int = 6,
+          shared_tokens: int = 16_000) -> Trace:
+    """A fleet of one agent: ``sessions`` sessions whose prompts all start with the same
+    ``shared_tokens``-token system prompt and tool list (as every Claude Code session's do),
+    each followed by its own task context (1–4k tokens) that grows by a few hundred to two
+    thousand tokens a turn, a few seconds of thinking between turns; sessions enter at every
+    node alike and start over the first 30 s."""
+    rng = random.Random(f"fleet:{seed}")
+    out = []
+    for s in range(sessions):
+        tokens = shared_tokens + rng.randint(1_000, 4_000)
+        start = rng.uniform(0, 30)
+        for k in range(turns):
+            out.append(TraceRequest(start, tokens, rng.randint(60, 300), entry=s % len(nodes),
+                                    session=f"fleet-{seed}-{s}", gap=None if k == 0 else rng.uniform(2, 8),
+                                    prefix=f"fleet-agent-{seed}", prefix_tokens=shared_tokens))
+            tokens += rng.randint(300, 2_000)
+    out.sort(key=lambda r: r.at)
+    return Trace("fleet", out, 10_000.0, f"{sessions} sessions of one agent, {turns} turns, sharing a "
+                                         f"{shared_tokens:,}-token system prompt and tool list")
 
 
 def burst(seed: int, nodes: tuple[NodeSpec, ...], seconds: float = 30.0, factor: float = 3.0) -> Trace:
@@ -236,6 +277,8 @@ def built_in(name: str, seed: int, nodes: tuple[NodeSpec, ...], size: float = 1.
         return chat(seed, nodes, duration_s=240.0 * size)
     if name == "agents":
         return agents(seed, nodes, sessions=max(1, round(6 * min(1.0, size * 2))), turns=max(2, round(12 * size)))
+    if name == "fleet":
+        return fleet(seed, nodes, sessions=max(2, round(12 * min(1.0, size * 2))), turns=max(2, round(6 * size)))
     if name == "burst":
         return burst(seed, nodes, seconds=max(2.0, 30.0 * size))
     if name == "cold":
@@ -271,6 +314,9 @@ def messages_for(request: TraceRequest, index: int, earlier: list[int]) -> list[
         head = max(0, nbytes - 200)
         return [{"role": "system", "content": text[:head]}, {"role": "user", "content": text[head:]}]
     text = _stream(f"session:{request.session}", nbytes)
+    if request.prefix is not None:  # the shared head, then the session's own text
+        head = request.prefix_tokens * TOKEN_BYTES
+        text = _stream(f"prefix:{request.prefix}", head) + text[:max(0, nbytes - head)]
     first = earlier[0] * TOKEN_BYTES if earlier else nbytes
     cuts = [max(0, first - 400), first] + [t * TOKEN_BYTES for t in earlier[1:]] + [nbytes]
     # every turn after the system prompt is a user message: a role that changed between

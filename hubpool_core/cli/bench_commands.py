@@ -287,8 +287,8 @@ def capacity(model: str = typer.Option(..., "--model", "-m", help="The model to 
 
 
 @bench_app.command("pool")
-def pool(trace: list[str] = typer.Option(["chat", "agents", "burst", "cold"], "--trace", "-t",
-                                         help="A built-in trace (chat, agents, burst, cold) or a trace file "
+def pool(trace: list[str] = typer.Option(["chat", "agents", "fleet", "burst", "cold"], "--trace", "-t",
+                                         help="A built-in trace (chat, agents, fleet, burst, cold) or a trace file "
                                               "(hubpool-trace/1 JSON Lines; docs/performance.md); repeatable."),
          dispatcher: list[str] = typer.Option([], "--dispatcher", "-d",
                                               help="Only these dispatchers (repeatable; default: every one)."),
@@ -307,22 +307,24 @@ def pool(trace: list[str] = typer.Option(["chat", "agents", "burst", "cold"], "-
                                                 help="Write the first round's built-in traces as files into this "
                                                      "directory, and stop."),
          as_json: bool = JsonOption) -> None:
-    """Unequal simulated boxes; hubpool, nginx, LiteLLM and an oracle on the same seeded traces."""
+    """Simulated boxes; hubpool, nginx, LiteLLM, SGLang's and vLLM's routers and an oracle on the same
+    seeded traces."""
     from pathlib import Path
 
     from rich.markup import escape
     from rich.table import Table
 
-    from hubpool_core.bench.pool import ALL_DISPATCHERS, FAIL, TABLE_HEAD, plot, run_bench, table_rows
+    from hubpool_core.bench.pool import FAIL, TABLE_HEAD, every_dispatcher, plot, run_bench, table_rows
     from hubpool_core.bench.pool_traces import BUILT_IN, POOLS, TraceError, built_in
 
     if pool_name not in POOLS:
         out.print(f"[red]--pool is one of {', '.join(POOLS)}, not {escape(pool_name)}[/]")
         raise typer.Exit(2)
-    unknown = [d for d in dispatcher if d not in ALL_DISPATCHERS]
+    known = every_dispatcher()
+    unknown = [d for d in dispatcher if d not in known]
     if unknown:
         out.print(f"[red]unknown dispatcher(s) {escape(', '.join(unknown))}: choose from "
-                  f"{', '.join(ALL_DISPATCHERS)}[/]")
+                  f"{', '.join(known)}[/]")
         raise typer.Exit(2)
     if quick:
         size = min(size, 0.5)
@@ -341,7 +343,7 @@ def pool(trace: list[str] = typer.Option(["chat", "agents", "burst", "cold"], "-
         out.print(f"wrote {', '.join(f'{n}.jsonl' for n in names)} to {escape(str(target))}")
         return
     quiet = as_json or not out.is_terminal
-    kwargs: dict[str, Any] = dict(traces=names, trace_files=files, dispatchers=tuple(dispatcher) or ALL_DISPATCHERS,
+    kwargs: dict[str, Any] = dict(traces=names, trace_files=files, dispatchers=tuple(dispatcher) or known,
                                   pool_name=pool_name, rounds=rounds, scale=scale, size=size, seed=seed,
                                   overhead_n=overhead_n)
     try:

@@ -37,6 +37,10 @@ log = logging.getLogger("hubpool.health")
 
 CAPABILITIES_PROBE_TIMEOUT_S = 15.0
 UNREACHABLE_THRESHOLD = 3
+#: the busy load poll (poolLoadPollMs): "busy" lasts this long after the last placement, and it
+#: never asks more often than every LOAD_POLL_MIN_MS
+LOAD_POLL_BUSY_S = 2.0
+LOAD_POLL_MIN_MS = 100
 MAX_BACKOFF_S = 15 * 60
 P = "/api/inference/pool"
 #: a node's own clock (unix ms) on every answer of /capabilities, refusals included, so the prober
@@ -156,6 +160,8 @@ class HealthPoller:
         #: peer id -> the peer's clock minus this node's (ms), from the last probe it answered
         self.clocks: dict[str, int] = {}
         self._loop = Periodic("health tick", self.tick, lambda: self.poll_s)
+        #: the busy load poll (poolLoadPollMs): sub-second in-flight counts while this node is busy
+        self._load_loop = Periodic("load poll", self.load_tick, lambda: self.load_poll_s or 1.0)
         #: each peer's probe in flight: a tick starts one per peer and never waits for it
         self._probes: dict[str, asyncio.Task] = {}
         #: peer id -> the last name it signed as that was refused (warned once, then debug)
@@ -175,10 +181,46 @@ class HealthPoller:
         override = env_int(getattr(self.node.env, "dev_health_poll_seconds", None), minimum=1, maximum=300)
         return override or self.node.settings.current.poolHealthPollSeconds
 
+    @property
+    def load_poll_s(self) -> float:
+        """The busy load poll's interval in seconds, 0 when off: HUB_POOL_DEV_LOAD_POLL_MS
+        (50-10000, for rigs whose clock runs faster) wins over poolLoadPollMs (at least 100)."""
+        override = env_int(getattr(self.node.env, "dev_load_poll_ms", None), minimum=50, maximum=10_000)
+        if override:
+            return override / 1000
+        ms = self.node.settings.current.poolLoadPollMs
+        return max(LOAD_POLL_MIN_MS, ms) / 1000 if ms else 0.0
+
+    async def load_tick(self) -> None:
+        """While this node is busy (work in flight, or placed within LOAD_POLL_BUSY_S), ask every
+        connected peer its in-flight count: two entry nodes then stop sending to the same peer's
+        last free slot a whole poll long. A peer that does not answer is the health poll's
+        business: nothing is struck here."""
+        interval = self.load_poll_s
+        if not interval or not self.node.load.busy(LOAD_POLL_BUSY_S):
+            return
+        rows = [r for r in self.node.peers.all() if r.status == "connected" and r.enabled]
+        if rows:
+            await asyncio.gather(*(self._load_probe(r, max(1.0, 4 * interval)) for r in rows),
+                                 return_exceptions=True)
+
+    async def _load_probe(self, row: PoolPeer, budget: float) -> None:
+        try:
+            async with asyncio.timeout(budget):
+                answer = await self.node.peer_client.call(row, "GET", P + "/capabilities", timeout=budget)
+            data = answer.json() if answer.status_code == 200 else None
+        except (PeerAuthError, httpx.HTTPError, TimeoutError, ValueError, RecursionError):
+            return
+        count = data.get("inFlightRequests") if isinstance(data, dict) else None
+        if isinstance(count, int) and not isinstance(count, bool) and 0 <= count <= 1_000_000:
+            self.node.load.note_fresh(row.id, count)
+
     def start(self) -> None:
         self._loop.start()
+        self._load_loop.start()
 
     async def stop(self) -> None:
+        await self._load_loop.stop()
         await self._loop.stop()
         probes = list(self._probes.values())
         for task in probes:

@@ -44,11 +44,14 @@ class Load:
         #: this node's other work in flight on each local engine (embeddings and the like):
         #: engine kind -> count; not contention, but still this node's own on that engine
         self.local_other: dict[str, int] = {}
+        #: when this node last handed a request to an engine (monotonic): "busy" lasts a while
+        self.last_acquired = 0.0
 
     def acquire(self, peer_id: str | None, work: Work | tuple[str, str, int | None] | None = None) -> None:
         """Count a request handed to an engine. ``work`` is what it puts on a local engine
         (:class:`Work`; a bare (kind, model, num_ctx) is a generation), so contention can
         tell what that engine is generating."""
+        self.last_acquired = time.monotonic()
         if peer_id is None:
             self.local += 1
             if work is not None:
@@ -65,6 +68,10 @@ class Load:
             self.forwarded[peer_id] = max(0, self.forwarded.get(peer_id, 0) - 1)
         if self.on_release is not None:
             self.on_release()
+
+    def busy(self, within_s: float) -> bool:
+        """Work in flight here or at a peer, or a request placed in the last ``within_s``."""
+        return self.local > 0 or any(self.forwarded.values()) or time.monotonic() - self.last_acquired < within_s
 
     def _note(self, work: Work | tuple[str, str, int | None], step: int) -> None:
         """Add ``step`` to what ``work`` counts in: a generation by (model, window), any other
@@ -97,8 +104,9 @@ class Load:
         self._report_at[peer_id] = time.monotonic()
 
     def note_fresh(self, peer_id: str, in_flight: int) -> None:
-        """A forwarded answer's ``X-Hub-Pool-In-Flight``: the peer's own count as it sent its
-        headers (this request included), beside what this node had forwarded it then."""
+        """A forwarded answer's ``X-Hub-Pool-In-Flight``, or the busy load poll's answer: the
+        peer's own count as it answered (a forward's own request included), beside what this
+        node had forwarded it then."""
         self._fresh[peer_id] = (in_flight, self.forwarded.get(peer_id, 0), time.monotonic())
 
     def peer_load(self, peer_id: str, reported: int | None) -> int:

@@ -143,17 +143,23 @@ class InboundPlan:
     diagnosis: str | None = None
 
 
-async def snapshot_of(node: Any, *, inbound: bool = False) -> NodeSnapshot:
+async def snapshot_of(node: Any, *, inbound: bool = False, serving: tuple[str, str] | None = None) -> NodeSnapshot:
     """Read the node (``hubpool_core.node.node.Node``, which placement does not import) for
     one placement: the local engines (probed live, or from the snapshot within
     poolProbeSnapshotTtlMs), the usable peers, load, settings and the rest.
 
     ``inbound``: for work a peer forwarded — no peers (it never relays further), and the
-    engines' queue-depth setting is left as the last outbound read set it."""
+    engines' queue-depth setting is left as the last outbound read set it. ``serving``: the
+    (engine kind, model) the sender named, whose last healthy answer serves with a refresh
+    behind the request (:meth:`LocalEngines.read_serving`: nothing is ranked here, so
+    nothing waits for a probe)."""
     settings = node.settings.current
-    if inbound:
-        backends = await node.local.read(settings.poolProbeSnapshotTtlMs)
+    if inbound and serving is not None:
+        backends = await node.local.read_serving(settings.poolProbeSnapshotTtlMs, *serving)
         peers: list[PoolPeer] = []
+    elif inbound:
+        backends = await node.local.read(settings.poolProbeSnapshotTtlMs)
+        peers = []
     else:
         backends = await node.local.read(settings.poolProbeSnapshotTtlMs,
                                          engine_queue_depth=bool(settings.poolEngineQueueDepth))

@@ -211,6 +211,13 @@ async def pump(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, upstream:
             for out in tail():
                 await send({"type": "http.response.body", "body": out, "more_body": True})
     except ClientGone:
+        if judge is not None and judge.recognised and judge.verdict() is None:
+            # the final frame already went out: the app had the whole answer and closed after it
+            # (Codex hangs up on response.completed, before the stream's own end) — served
+            log.debug("the app closed %s after its final frame", row["id"])
+            if cand is not None:
+                stream_ended(node, plan, cand, judge, False)
+            return
         log_.touch(row, clientClosed=True, outcome="failed", reason="the app closed its connection mid-response")
         return
     except (aiohttp.ClientError, asyncio.IncompleteReadError) as exc:
@@ -232,11 +239,16 @@ async def pump(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, upstream:
     if cand is not None and (judge is not None or dropped):
         stream_ended(node, plan, cand, judge, dropped)
     end = b""
-    if dropped and resume is not None:  # resume is on: a cut it cannot continue says so
+    # resume is on: a cut it cannot continue says so, on a route it never continues too
+    # (legacy completions, generate), where the stream is not read for resuming (plan.resume)
+    says_so = resume is not None or (judge is not None and bool(node.settings.current.poolStreamResume)
+                                     and plan.inbound_from is None)
+    if dropped and says_so:
         first = judge.first_bytes if judge is not None else b""
         last = judge.last_object if judge is not None else b""
         end = ending(plan, f"hubpool could not finish this answer: the engine's stream broke ({row['reason']})",
-                     translator, first, last) if not resume.continuing else resume_ending(plan, row["reason"])
+                     translator, first, last) if resume is None or not resume.continuing \
+            else resume_ending(plan, row["reason"])
     await send({"type": "http.response.body", "body": end, "more_body": False})
 
 

@@ -8,8 +8,10 @@ to continue (llama-server and Ollama continue a trailing assistant message; vLLM
 ``continue_final_message``, which is sent too), its token budget reduced by the tokens already
 sent, and splices the continuation into the same stream: the app sees one answer, with no
 second role chunk, ``message_start`` or ``response.created``, the first attempt's ids,
-content-block index and item, sequence numbers that continue, and usage summed. Anything
-else cut ends with the dialect's error event.
+content-block index and item, sequence numbers that continue, and usage summed. An engine
+that sends the partial text back before continuing it (llama-server, on the routes where it
+cannot be told not to) has that repeat dropped. Anything else cut ends with the dialect's
+error event.
 
 :class:`Resume` reads the app's side of the stream (the frames as the app gets them, in its
 dialect) — every frame is parsed, which is why it is off by default — and rewrites a
@@ -51,6 +53,8 @@ class Resume:
         self.ident: dict[str, Any] = {}
         self.block: int | None = None
         self.seq = 0
+        #: the text a continuation was asked to carry on from, until its first text arrives
+        self._echo: str | None = None
 
     # -- reading the app's side ------------------------------------------------------------
     def wrap(self, outs: Any) -> list[bytes]:
@@ -121,6 +125,12 @@ class Resume:
             if delta.get("tool_calls") or delta.get("reasoning_content") or delta.get("reasoning"):
                 self.sound = False
             text = delta.get("content")
+            if self.continuing and isinstance(text, str) and text:
+                text = self._fresh(text)
+                if text:
+                    delta["content"] = text
+                else:
+                    del delta["content"]
             if isinstance(text, str) and text:
                 self.text += text
                 self.tokens += 1
@@ -146,6 +156,8 @@ class Resume:
         if message.get("tool_calls") or message.get("thinking"):
             self.sound = False
         text = message.get("content")
+        if self.continuing and isinstance(text, str) and text:
+            text = message["content"] = self._fresh(text)
         if isinstance(text, str) and text:
             self.text += text
             self.tokens += 1
@@ -177,8 +189,12 @@ class Resume:
             if delta.get("type") != "text_delta":
                 self.sound = False
                 return obj
-            if self.continuing and self.block is not None:
-                obj["index"] = self.block
+            if self.continuing:
+                delta["text"] = self._fresh(delta.get("text") or "")
+                if not delta["text"]:
+                    return None
+                if self.block is not None:
+                    obj["index"] = self.block
             self.text += delta.get("text") or ""
             self.tokens += 1
             return obj
@@ -216,6 +232,10 @@ class Resume:
                 self.ident["item"] = item.get("id")
                 self.ident["output_index"] = obj.get("output_index", 0)
         elif kind == "response.output_text.delta":
+            if self.continuing:
+                obj["delta"] = self._fresh(obj.get("delta") or "")
+                if not obj["delta"]:
+                    return None
             self.text += obj.get("delta") or ""
             self.tokens += 1
         elif kind in ("response.output_text.done", "response.content_part.done", "response.output_item.done",
@@ -264,6 +284,16 @@ class Resume:
         self.continuing = True
         self.resumed_tokens = self.tokens
         self._partial = b""
+        self._echo = self.text
+
+    def _fresh(self, text: str) -> str:
+        """A continuation's text without the engine's repeat of the text it was asked to
+        carry on from. llama-server's prefill sends that text back at the start of its answer
+        wherever it cannot be told not to (Messages, Responses, and chat completions without
+        ``continue_final_message``): its first text frame begins with all of it. Only the
+        first text frame is looked at."""
+        echo, self._echo = self._echo, None
+        return text[len(echo):] if echo and text.startswith(echo) else text
 
     resumed_tokens = 0
 

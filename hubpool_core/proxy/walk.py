@@ -206,7 +206,10 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
                     if rid is not None:  # a follow-up naming it can only go on there
                         node.response_homes.remember(rid, cand)
                 if judged and status == 200 and row["outcome"] == "served" and resume is None:
-                    sample(node, plan, cand, attempt_started, held, judge, alone=alone, cold=cold)
+                    # a stream's held bytes are only its head (poolStreamFirstToken): its timings are
+                    # in its last object, which the judge kept
+                    sample(node, plan, cand, attempt_started, None if streamed else held, judge, alone=alone,
+                           cold=cold)
             finally:
                 load.release(cand.peer_id, work)
                 released = True

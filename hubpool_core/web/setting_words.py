@@ -74,6 +74,19 @@ SETTING_WORDS: dict[str, tuple[str, str]] = {
         "Rank by predicted time to first token",
         "1: order the nodes with measured speeds by when each would start answering (queue, prompt "
         "processing, model load). 0 ranks by queue depth alone."),
+    "poolPrefixIndex": (
+        "Know which engine holds a shared prompt",
+        "1: with time-to-first-token ranking, count the prompt beginning each engine already holds (a "
+        "long system prompt many conversations share) wherever this node sent it. 0 counts only the "
+        "engine that last took the conversation."),
+    "poolSessionSpread": (
+        "Spread conversations across equal nodes",
+        "1: when several nodes would start answering at about the same time, the one holding the fewest "
+        "conversations takes a new one. 0 leaves such ties to queue depth."),
+    "poolLoadPollMs": (
+        "Learn busy peers' load this often (ms)",
+        "While this node is busy, it asks each peer how many requests it has in flight this often, "
+        "instead of waiting for the next health poll. 0 turns it off."),
     "poolAdmissionQueue": (
         "Requests that may wait for a free node",
         "When every node is busy, up to this many requests wait here for the first free one instead of "

@@ -29,7 +29,7 @@ from typing import Any
 from aiohttp import web
 
 from hubpool_sim.config import SimConfig
-from hubpool_sim.engine import Engine, Generation
+from hubpool_sim.engine import Engine, Generation, silence
 from hubpool_sim.replies import call_of, drop_connection, engine_of, finish_json, json_reply, open_stream, unknown_model
 from hubpool_sim.script import answer_limit, calls_for
 from hubpool_sim.text import continuation, count_or_none, count_tokens
@@ -173,7 +173,7 @@ async def _messages_stream(request: web.Request, engine: Engine, gen: Generation
              "usage": {"input_tokens": gen.prompt_tokens, "output_tokens": 0}}
     await response.write(_sse("message_start", {"type": "message_start", "message": start}))
     if calls:
-        _ = [token async for token in engine.decode(gen)]
+        _ = [token async for token in engine.decode(gen, stall=False)]
         events = []
         for index, call in enumerate(calls):
             block = {"type": "tool_use", "id": f"toolu_{call.call_id}", "name": call.name, "input": {}}
@@ -185,7 +185,10 @@ async def _messages_stream(request: web.Request, engine: Engine, gen: Generation
             events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
         if gen.kind in ("cut", "drop"):
             events = events[: max(1, len(events) // 2)]
-        for name, payload in events:
+        stall_at = 1 + calls[0].pieces_before_stall() if gen.kind == "stall" else None
+        for i, (name, payload) in enumerate(events):
+            if i == stall_at:  # inside the first call's arguments
+                await silence()
             await response.write(_sse(name, payload))
     else:
         await response.write(_sse("content_block_start", {"type": "content_block_start", "index": 0,
@@ -333,13 +336,15 @@ async def _responses_stream(request: web.Request, engine: Engine, gen: Generatio
     await emit("response.in_progress", {"response": shell})
     cut = gen.kind in ("cut", "drop")
     if calls:
-        _ = [token async for token in engine.decode(gen)]
+        _ = [token async for token in engine.decode(gen, stall=False)]
         output = _output("", calls)
         for index, (call, item) in enumerate(zip(calls, output, strict=True)):
             await emit("response.output_item.added", {"output_index": index,
                                                       "item": {**item, "arguments": "", "status": "in_progress"}})
             pieces = call.pieces()
-            for piece in pieces[: max(1, len(pieces) // 2)] if cut else pieces:
+            for at, piece in enumerate(pieces[: max(1, len(pieces) // 2)] if cut else pieces):
+                if gen.kind == "stall" and index == 0 and at == call.pieces_before_stall():
+                    await silence()  # inside the first call's arguments
                 await emit("response.function_call_arguments.delta",
                            {"item_id": item["id"], "output_index": index, "delta": piece})
             if cut:

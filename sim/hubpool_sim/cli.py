@@ -28,6 +28,7 @@ faults (--fault SPEC, SPEC = KIND[@[MODEL][:COUNT]]):
   unauthorized       401 in the engine's shape
   mute               headers and the stream's opening (a role-only chunk), then silence
   stall              headers and half the tokens, then silence with the connection open
+                     (a tool-call answer: inside its first call's arguments)
   loop               one sentence repeated to the answer's length
   e.g. --fault drop   --fault error:503@:2   --fault verdict:no-user-query@qwen3:8b:1
 

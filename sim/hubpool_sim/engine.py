@@ -32,6 +32,12 @@ from hubpool_sim.text import (
 MIN_SLEEP_S = 0.004
 
 
+async def silence() -> None:
+    """Send nothing more and keep the connection open, until the client hangs up (the
+    handler is cancelled then) or the server stops."""
+    await asyncio.Event().wait()
+
+
 @dataclass
 class Generation:
     """One request's work: its prompt, how many tokens it will get, and what it cost.
@@ -363,16 +369,18 @@ class Engine:
         finally:
             self.pool.release(slot)
 
-    async def decode(self, gen: Generation) -> AsyncIterator[str]:
+    async def decode(self, gen: Generation, *, stall: bool = True) -> AsyncIterator[str]:
         """The answer's tokens, one every ``token_delay_s``. A "mute" generation goes silent
         before its first token and a "stall" one after half of them, the connection left
-        open: both end only when the client hangs up (or the server stops)."""
+        open: both end only when the client hangs up (or the server stops). ``stall=False``:
+        a streamed tool-call answer, which pays its time here and stalls inside its
+        arguments instead (:func:`silence`)."""
         started = time.monotonic()
         owed = 0.0
-        silent_at = {"mute": 0, "stall": max(1, gen.emitted_tokens // 2)}.get(gen.kind or "")
+        silent_at = {"mute": 0, "stall": max(1, gen.emitted_tokens // 2) if stall else None}.get(gen.kind or "")
         for index in range(gen.emitted_tokens):
             if index == silent_at:
-                await asyncio.Event().wait()
+                await silence()
             delay = self.config.token_delay_s * self.config.time_scale
             owed += delay
             # a scaled clock makes delays of a millisecond or less: those are slept in batches

@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from hubpool_sim.engine import Engine, Generation
+from hubpool_sim.engine import Engine, Generation, silence
 from hubpool_sim.faults import verdict_message
 from hubpool_sim.flavors import context_overflow
 from hubpool_sim.replies import (
@@ -136,9 +136,12 @@ async def _stream(
 async def _stream_calls(request: web.Request, engine: Engine, gen: Generation, ids: dict[str, Any],
                         calls: list[ToolCall], *, include_usage: bool) -> web.StreamResponse:
     """Tool calls streamed as engines stream them: a call's id and name first, then its
-    arguments in pieces, then a final chunk with finish_reason "tool_calls"."""
+    arguments in pieces, then a final chunk with finish_reason "tool_calls". A "stall"
+    goes silent inside the first call's arguments."""
     response = await open_stream(request, "text/event-stream")
-    _ = [token async for token in engine.decode(gen)]  # the generation's time, paid as usual
+    # the generation's time, paid as usual
+    _ = [token async for token in engine.decode(gen, stall=False)]
+    stall_at = 1 + calls[0].pieces_before_stall() if gen.kind == "stall" else None
     chunks = []
     for index, call in enumerate(calls):
         chunks.append({"index": index, "id": f"call_{call.call_id}", "type": "function",
@@ -147,6 +150,8 @@ async def _stream_calls(request: web.Request, engine: Engine, gen: Generation, i
     if gen.kind in ("cut", "drop"):
         chunks = chunks[: max(1, len(chunks) // 2)]
     for i, chunk in enumerate(chunks):
+        if i == stall_at:
+            await silence()
         delta: dict[str, Any] = {"tool_calls": [chunk]}
         if i == 0:
             delta = {"role": "assistant", "content": None, **delta}

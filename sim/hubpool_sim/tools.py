@@ -5,7 +5,8 @@ answered with a call to each of its first two tools (two at once: parallel calls
 agents see them); a request whose last turn is a tool's result is answered with text. The
 arguments are built from each tool's JSON schema (every required property, else the first),
 so a test can predict every byte. A test driving a real agent names the calls instead
-(``tool_script``, hubpool_sim/script.py). Each dialect names the same things differently:
+(``tool_script``, hubpool_sim/script.py). A ``stall`` fault goes silent inside the first call's
+arguments (:meth:`ToolCall.pieces_before_stall`). Each dialect names the same things differently:
 
     chat completions   tools: [{"type": "function", "function": {"name", "parameters"}}]
     messages           tools: [{"name", "input_schema"}]
@@ -39,6 +40,12 @@ class ToolCall:
         text = self.json
         size = max(1, -(-len(text) // ARGUMENT_PIECES))
         return [text[i:i + size] for i in range(0, len(text), size)]
+
+    def pieces_before_stall(self) -> int:
+        """A ``stall`` fault in a tool-call answer goes silent inside the first call's
+        arguments, after this many of its pieces: at least one, never all of them (the JSON
+        is never whole), which is where a continuation cannot be sound."""
+        return max(1, min(len(self.pieces()) - 1, len(self.pieces()) // 2))
 
 
 def _tool_name_and_schema(tool: Any) -> tuple[str, dict[str, Any]] | None:

@@ -150,6 +150,51 @@ def test_stall_sends_half_the_answer_then_nothing(dialect):
         assert _text(dialect, httpx.post(sim.url + route, json=body).text).endswith("tok9")
 
 
+#: one tool, so the answer is one call whose arguments stream in pieces
+TOOL_SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
+TOOLS = {"openai": [{"type": "function", "function": {"name": "read_file", "parameters": TOOL_SCHEMA}}],
+         "messages": [{"name": "read_file", "input_schema": TOOL_SCHEMA}],
+         "responses": [{"type": "function", "name": "read_file", "parameters": TOOL_SCHEMA}]}
+
+
+def _arguments(dialect: str, raw: str) -> tuple[list[str], str]:
+    """(the tool names a stream opened, the argument text it streamed)."""
+    names, args = [], ""
+    if dialect == "openai":
+        for event in sse_events(raw):
+            if event == "[DONE]" or not event["choices"]:
+                continue
+            for call in event["choices"][0]["delta"].get("tool_calls") or []:
+                names += [call["function"]["name"]] if call["function"].get("name") else []
+                args += call["function"].get("arguments") or ""
+        return names, args
+    for _name, event in _sse_with_events(raw):
+        if event["type"] == "content_block_start" and event["content_block"]["type"] == "tool_use":
+            names.append(event["content_block"]["name"])
+        elif event["type"] == "content_block_delta" and event["delta"]["type"] == "input_json_delta":
+            args += event["delta"]["partial_json"]
+        elif event["type"] == "response.output_item.added" and event["item"]["type"] == "function_call":
+            names.append(event["item"]["name"])
+        elif event["type"] == "response.function_call_arguments.delta":
+            args += event["delta"]
+    return names, args
+
+
+@pytest.mark.parametrize("dialect", ["openai", "messages", "responses"])
+def test_stall_in_a_tool_call_goes_silent_inside_its_arguments(dialect):
+    with run_in_thread(SimConfig(flavor="llamacpp", models=[SimModel(CHAT)], faults=["stall@:1"])) as sim:
+        route, body = _body(dialect)
+        body["tools"] = TOOLS[dialect]
+        status, got, silent = _read_until_silent(sim.url, route, body)
+        assert status == 200 and silent
+        names, args = _arguments(dialect, got)
+        whole = '{"path":"tok0 tok1"}'
+        assert names == ["read_file"] and args and whole.startswith(args) and args != whole  # inside the JSON
+        assert wait_until(lambda: sim.stats()["aborted"] == 1)
+        # the fault was for one request: the next call is whole
+        assert _arguments(dialect, httpx.post(sim.url + route, json=body).text) == (["read_file"], whole)
+
+
 def test_silent_faults_on_a_whole_answer_send_no_headers():
     with run_in_thread(SimConfig(models=[SimModel(CHAT)], faults=["stall"])) as sim:
         with pytest.raises(httpx.ReadTimeout):

@@ -1,5 +1,6 @@
 """F4 (the wire half): every toxic of the fault proxy on the hop hub-a → hub-b, before and after
-the commit point (the moment response headers reach the app).
+the commit point (since issue 28, the stream's first real token reaching the app; before it, the
+moment response headers did).
 
 hub-a's pin sends each request to hub-b through the proxy. Before the commit point a fault must
 cost the app nothing: the request fails over to hub-a's own engine (or, for latency and 1-byte
@@ -113,7 +114,9 @@ AFTER = [("reset", "cut"), ("close", "cut"), ("blackhole", "silent"), ("latency"
 @pytest.mark.parametrize("kind,expect", AFTER)
 def test_f4_toxic_after_the_commit_point_is_never_dressed_as_an_answer(rig, kind, expect, route, report):
     head = _head_len(rig)
-    nbytes = head + 200  # past the head, a couple of frames into the body
+    # past the head and a few frames into the body: past the first real token (the commit point),
+    # which on /v1/chat/completions follows a role-only chunk of ~170 bytes that commits nothing
+    nbytes = head + 600
     toxic = Toxic(kind, nbytes=nbytes, ms=100 if kind == "latency" else 0)
     op = _one(rig, toxic, route, read_s=CLIENT_READ_S if kind == "blackhole" else 15.0)
     b = rig.fqdns["hub-b"]

@@ -36,6 +36,8 @@ class LlamacppEngine(Engine):
     states_slots = True
     agent_dialects_by = "probe"
     owned_by_names = frozenset({"llamacpp"})
+    #: whether the last probe got an HTTP answer: only then are its three reads sent together
+    _answered = False
 
     #: Error texts that are a verdict on the request (spec: "A request no node can serve").
     #: First match wins, so the at-once verdicts come before the ones that wait for a second
@@ -61,10 +63,25 @@ class LlamacppEngine(Engine):
     )
 
     async def probe(self, http: httpx.AsyncClient) -> ProbeResult:
-        """Check ``/health``, list ``/v1/models``, then read the window and slots from
-        ``/props`` (a build without ``/props`` falls back to the trained window)."""
+        """Check ``/health``, list ``/v1/models`` and read the window and slots from
+        ``/props`` (a build without ``/props`` falls back to the trained window), all three
+        side by side: a live probe per request (poolProbeSnapshotTtlMs 0, the spec's default)
+        waits one round trip, not two. ``/health`` is judged first, as before. A server that did
+        not answer last time is asked ``/health`` alone first: an absent engine costs one refused
+        connection per probe, not three."""
         try:
-            health = await self.get_json(http, "/health")
+            listing: Any = None
+            props: Any = None
+            if self._answered:
+                health_read, listing, props = await asyncio.gather(
+                    self.get_json(http, "/health"), self.openai_models(http), self._props(http),
+                    return_exceptions=True)
+                if isinstance(health_read, BaseException):
+                    raise health_read
+                health = health_read
+            else:
+                health = await self.get_json(http, "/health")
+            self._answered = health.status is not None
             if health.status == 503:
                 # "Loading model" (503 unavailable_error) until the weights are in memory;
                 # older builds answered {"status": "loading model"}.
@@ -77,10 +94,9 @@ class LlamacppEngine(Engine):
                 return ProbeResult(running=True, healthy=False, error=error)
             if health.status != 200:  # a 200 that is not JSON still goes on to the listing
                 return health.unhealthy()
-            # the listing and /props side by side: a live probe per request (poolProbeSnapshotTtlMs
-            # 0, the spec's default) waits for the slower of the two rather than both in turn
-            listing, props = await asyncio.gather(self.openai_models(http), self._props(http),
-                                                  return_exceptions=True)
+            if listing is None:
+                listing, props = await asyncio.gather(self.openai_models(http), self._props(http),
+                                                      return_exceptions=True)
             if isinstance(listing, BaseException):
                 raise listing
             entries = listing

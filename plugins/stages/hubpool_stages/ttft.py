@@ -12,7 +12,10 @@ memory. It applies to every prompt size.
 Where a candidate has no evidence (no measured speed, or in flight with no known slot count)
 it keeps its queue-depth place: the candidates with a prediction are ordered among the
 places they hold, and the others do not move, so an unmeasured node is explored as today.
-``poolTtftRanking`` 0 turns the stage off: the ranking is then the spec's exactly.
+``poolTtftRanking`` 0 turns the stage off: the ranking is then the spec's exactly. So does
+the spec's own switch for measured speed, ``HUB_POOL_THROUGHPUT_PLACEMENT=off`` (issue 26
+item 17): a prediction is measured speed reordering candidates. Off, the stage is not called
+and hashes nothing; on, it reads the session's key only when there are candidates to order.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hubpool_core import Stage
+from hubpool_core.placement.prefixes import PrefixIndex, block_chain, prompt_bytes
 from hubpool_core.placement.speed import (
     DEFAULT_LOAD_MS,
     advertised_prior,
@@ -31,14 +35,22 @@ from hubpool_core.placement.speed import (
     merged,
 )
 from hubpool_stages.affinity import AffinityTable, session_key, ttl_ms_from
+from hubpool_stages.throughput import throughput_on
 
 #: ctx.scratch keys written here: id(candidate) -> predicted ms (None: no evidence), and the section
 SCRATCH_PREDICTED = "ttft_predicted"
 SCRATCH_KEY = "ttft_session"
+SCRATCH_CHAIN = "ttft_chain"
+#: predictions this close to the best one are a tie that spreading sessions settles: 10 % of the
+#: best, and at least SPREAD_TIE_MS (two engines of one speed with free slots predict alike)
+SPREAD_TIE = 0.1
+SPREAD_TIE_MS = 250
 
 
 def ranking_on(context: Any) -> bool:
-    return int(getattr(context.settings, "poolTtftRanking", 0) or 0) > 0
+    """``poolTtftRanking`` 1 and measured speed allowed to reorder (``HUB_POOL_THROUGHPUT_PLACEMENT``
+    not off: the spec's switch covers every reordering by measured speed, this one included)."""
+    return int(getattr(context.settings, "poolTtftRanking", 0) or 0) > 0 and throughput_on()
 
 
 class PredictedTtftStage(Stage):
@@ -58,9 +70,12 @@ class PredictedTtftStage(Stage):
         super().__init__(node)
         #: where each session's prompt was last placed, and how long it was: that engine holds it
         self.holders = AffinityTable(ttl_ms_from(os.environ))
+        #: what each engine was sent, by blocks (poolPrefixIndex): which prefix it holds
+        self.prefixes = PrefixIndex(ttl_ms_from(os.environ) / 1000)
 
     def enabled(self, context: Any) -> bool:
-        """On while ``poolTtftRanking`` is 1, on the routes that take a slot (not ``show``)."""
+        """On while ``poolTtftRanking`` is 1 and ``HUB_POOL_THROUGHPUT_PLACEMENT`` is not off, on
+        the routes that take a slot (not ``show``)."""
         return ranking_on(context) and context.route_class != "show"
 
     # -- the evidence ------------------------------------------------------------------
@@ -118,14 +133,22 @@ class PredictedTtftStage(Stage):
     def apply(self, ranking: Sequence[Any], context: Any) -> tuple[list[Any], dict[str, Any] | None]:
         out = list(ranking)
         holder = None
-        found = session_key(context) if context.judged else None
+        # one candidate has nothing to be ordered against: no prompt head is hashed for it
+        found = session_key(context) if context.judged and len(out) > 1 else None
         if found is not None:
             context.scratch[SCRATCH_KEY] = found[1]
             holder = self.holders.get(found[1])
         held_tokens = self.holders.tokens(found[1]) if found is not None and holder is not None else 0
+        chain: tuple[bytes, ...] = ()
+        if _on(context, "poolPrefixIndex") and context.judged and len(out) > 1:
+            chain = block_chain(prompt_bytes(context.body), context.model)
+            context.scratch[SCRATCH_CHAIN] = chain
         predictions: dict[int, dict[str, Any] | None] = {}
         for cand in out:
             cached = min(held_tokens, context.estimated_tokens) if holder == (cand.node, cand.backend) else 0
+            if chain:
+                cached = max(cached, min(self.prefixes.held_tokens(cand.node, cand.backend, chain),
+                                         context.estimated_tokens))
             predictions[id(cand)] = self.predict(cand, context, cached)
         context.scratch[SCRATCH_PREDICTED] = {k: (v["predictedMs"] if v else None) for k, v in predictions.items()}
         places = [i for i, c in enumerate(out) if predictions[id(c)] is not None]
@@ -133,6 +156,9 @@ class PredictedTtftStage(Stage):
             return out, None
         measured = sorted((out[i] for i in places), key=lambda c: (predictions[id(c)]["predictedMs"],
                                                                    out.index(c)))
+        spread = None
+        if _on(context, "poolSessionSpread") and context.judged and found is not None:
+            measured, spread = self._spread(measured, predictions, out)
         result = list(out)
         for at, cand in zip(places, measured, strict=True):
             result[at] = cand
@@ -140,7 +166,26 @@ class PredictedTtftStage(Stage):
                    "predictions": [predictions[id(c)] for c in result if predictions[id(c)] is not None],
                    "unmeasured": [c.node for c in result if predictions[id(c)] is None],
                    "moved": any(a is not b for a, b in zip(result, out, strict=True))}
+        if spread is not None:
+            section["spread"] = spread
         return result, section
+
+    def _spread(self, measured: list[Any], predictions: dict[int, dict[str, Any] | None],
+                base: list[Any]) -> tuple[list[Any], dict[str, Any] | None]:
+        """Among the candidates whose prediction ties with the best (within 10 %, and at least
+        250 ms), the engine holding the fewest sessions goes first: sessions spread by what
+        each engine already holds, not by the moment's queue or the local head start. The
+        holder of this session's own context predicts seconds less and is not in the tie."""
+        best = predictions[id(measured[0])]["predictedMs"]  # type: ignore[index]
+        limit = best + max(SPREAD_TIE_MS, SPREAD_TIE * best)
+        tied = [c for c in measured if predictions[id(c)]["predictedMs"] <= limit]  # type: ignore[index]
+        if len(tied) < 2:
+            return measured, None
+        held = {id(c): self.prefixes.sessions(c.node, c.backend) for c in tied}
+        # within a tie the predictions are alike by definition: then the queue-depth order decides
+        ordered = sorted(tied, key=lambda c: (held[id(c)], base.index(c)))
+        note = {"tied": [c.node for c in ordered], "sessions": [held[id(c)] for c in ordered]}
+        return ordered + [c for c in measured if c not in tied], note
 
     # -- the walk ------------------------------------------------------------------------
     def placed(self, context: Any, candidate: Any) -> None:
@@ -159,4 +204,11 @@ class PredictedTtftStage(Stage):
         key = context.scratch.get(SCRATCH_KEY)
         if key is not None:
             self.holders.remember(key, candidate.node, candidate.backend, tokens=context.estimated_tokens)
+        chain = context.scratch.get(SCRATCH_CHAIN)
+        if chain:
+            self.prefixes.remember(candidate.node, candidate.backend, chain, self.slots_of(candidate, context))
+
+
+def _on(context: Any, setting: str) -> bool:
+    return int(getattr(context.settings, setting, 0) or 0) > 0
 

@@ -179,3 +179,102 @@ def test_a_model_never_served_is_priced_from_the_nodes_other_models_and_its_resi
     assert [c.node for c in out] == ["warm", "cold"]
     by = {p["node"]: p for p in section["predictions"]}
     assert by["cold"]["loadMs"] == 30_000 and by["warm"]["loadMs"] == 0
+
+
+# -- issue 27: shared-prefix placement and spreading sessions ---------------------------------
+
+from hubpool_core.placement.prefixes import BLOCK_BYTES, PrefixIndex, block_chain  # noqa: E402
+
+new_settings = st.fixed_dictionaries({"poolPrefixIndex": st.integers(0, 1), "poolSessionSpread": st.integers(0, 1)})
+#: what engines were sent before: (candidate index, a prompt of so many blocks sharing so many with ours)
+histories = st.lists(st.tuples(st.integers(0, 5), st.integers(1, 12), st.integers(0, 12)), max_size=8)
+
+
+def seeded(stage, ranking, history, tokens):
+    """Fill the stage's index: candidate i was sent a prompt sharing ``same`` blocks with a
+    request of ``tokens`` tokens (the request's text is ``"q" * ...``)."""
+    for i, blocks, same in history:
+        if i >= len(ranking):
+            continue
+        same = min(same, blocks)
+        text = b"q" * (same * BLOCK_BYTES) + b"o" * ((blocks - same) * BLOCK_BYTES)
+        stage.prefixes.remember(ranking[i].node, "eng", block_chain(text, "m"), capacity=4)
+
+
+def long_ctx(settings_, tokens):
+    body = {"model": "m", "messages": [{"role": "user", "content": "q" * (tokens * 4)}]}
+    return PlacementContext(route="/v1/chat/completions", route_class="chat", model="m", body=body,
+                            estimated_tokens=tokens, settings=settings_, judged=True)
+
+
+@settings(max_examples=120, deadline=None)
+@given(candidates, st.integers(100, 20000), new_settings, histories)
+def test_ranking_off_is_the_specs_order_whatever_the_new_settings_and_what_was_sent(specs, tokens, new, history):
+    book, ranking = setup(specs)
+    node = make_node(book)
+    with_stage = [cls(node) for cls in ALL]
+    seeded(with_stage[0], ranking, history, tokens)
+    without = [cls(node) for cls in ALL if cls is not PredictedTtftStage]
+    context = long_ctx(cfg(False, **new), tokens)
+    got, sections = run_stages(with_stage, list(ranking), context, [])
+    spec, _ = run_stages(without, list(ranking), long_ctx(cfg(False, **new), tokens), [])
+    assert [c.node for c in got] == [c.node for c in spec] and "ttft" not in sections
+    assert "ttft_chain" not in context.scratch  # nothing hashed for a ranking that is off
+
+
+@settings(max_examples=120, deadline=None)
+@given(candidates, st.integers(100, 20000), histories)
+def test_the_new_settings_off_leave_the_ranking_as_it_was(specs, tokens, history):
+    book, ranking = setup(specs)
+    seeded_stage = PredictedTtftStage(make_node(book))
+    seeded(seeded_stage, ranking, history, tokens)
+    off = dict(poolPrefixIndex=0, poolSessionSpread=0)
+    got, section = seeded_stage.apply(list(ranking), long_ctx(cfg(True, **off), tokens))
+    before, before_section = PredictedTtftStage(make_node(book)).apply(list(ranking), long_ctx(cfg(True), tokens))
+    assert [c.node for c in got] == [c.node for c in before] and section == before_section
+
+
+@settings(max_examples=150, deadline=None)
+@given(candidates, st.integers(100, 20000), histories)
+def test_with_them_on_what_moves_is_by_prediction_and_ties_go_to_the_engine_holding_fewest(specs, tokens, history):
+    book, ranking = setup(specs)
+    stage = PredictedTtftStage(make_node(book))
+    seeded(stage, ranking, history, tokens)
+    context = long_ctx(cfg(True, poolPrefixIndex=1, poolSessionSpread=1), tokens)
+    out, section = stage.apply(list(ranking), context)
+    assert sorted(c.node for c in out) == sorted(c.node for c in ranking)
+    predicted = context.scratch["ttft_predicted"]
+    for before, after in zip(ranking, out, strict=True):
+        if predicted[id(before)] is None:
+            assert after is before  # no evidence: its queue-depth place
+    measured = [c for c in out if predicted[id(c)] is not None]
+    if section is None:
+        assert len(measured) < 2
+        return
+    best = min(predicted[id(c)] for c in measured)
+    assert predicted[id(measured[0])] <= best + max(250, 0.1 * best)  # the first is (tied with) the best
+    spread = section.get("spread")
+    tied = len(spread["tied"]) if spread else 1
+    held = [stage.prefixes.sessions(c.node, "eng") for c in measured[:tied]]
+    assert held == sorted(held)
+    rest = [predicted[id(c)] for c in measured[tied:]]
+    assert rest == sorted(rest)
+    by = {p["node"]: p for p in section["predictions"]}
+    for c in measured:  # an engine's cached tokens are what its index holds of this prompt
+        assert by[c.node]["cachedTokens"] == min(stage.prefixes.held_tokens(c.node, "eng", context.scratch[
+            "ttft_chain"]), tokens)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=6 * BLOCK_BYTES), st.binary(max_size=6 * BLOCK_BYTES), st.binary(max_size=3 * BLOCK_BYTES))
+def test_the_index_holds_exactly_the_whole_blocks_two_prompts_share(head, a_tail, b_tail):
+    a, b = head + a_tail, head + b_tail
+    index = PrefixIndex()
+    index.remember("n", "eng", block_chain(a, "m"))
+    shared = 0
+    while shared < min(len(a), len(b)) and a[shared] == b[shared]:
+        shared += 1
+    whole = min(shared // BLOCK_BYTES, len(a) // BLOCK_BYTES, len(b) // BLOCK_BYTES)
+    assert index.held_tokens("n", "eng", block_chain(b, "m")) == whole * BLOCK_BYTES // 4
+    assert index.held_tokens("n", "eng", block_chain(b, "other")) == 0  # a cache is per model
+    assert index.held_tokens("x", "eng", block_chain(b, "m")) == 0

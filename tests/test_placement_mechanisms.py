@@ -1,0 +1,171 @@
+"""Issue 27's placement mechanisms through three running nodes on equal boxes (docs/placement.md):
+shared-prefix placement (a block-hash index of what each engine was sent: a new session of a
+fleet goes where its shared head is held) and spreading sessions (a new session whose best
+predictions tie goes to the engine holding the fewest, not to the entry node's head start).
+Engines are llama-server-shaped simulators of one speed, reporting slots and timings, on a
+clock ten times faster than real time."""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+
+import httpx
+import pytest
+from harness import fqdn, make_pool, poll_until_offered
+from harness import pair as pair_nodes
+
+from hubpool_sim import SimConfig, SimModel, run_in_thread
+
+P = "/api/inference/pool"
+MODEL = "chat:8b"
+NAMES = ["hub-a", "hub-b", "hub-c"]
+
+
+def op(node, method, path, body=None, expect=200):
+    with node.client(headers=node.headers()) as c:
+        r = c.request(method, P + path, json=body)
+    assert expect is None or r.status_code == expect, (r.status_code, r.text)
+    return r.json()
+
+
+def chat(node, messages, max_tokens=2):
+    r = httpx.post(node.url + "/v1/chat/completions", timeout=60, trust_env=False,
+                   json={"model": MODEL, "max_tokens": max_tokens, "stream": True, "messages": messages})
+    assert r.status_code == 200, r.text
+    return r
+
+
+def row(node, response):
+    rid = response.headers["x-hub-pool-request-id"]
+    return next(e for e in op(node, "GET", "/routing-log?limit=500")["entries"] if e["id"] == rid)
+
+
+def served(response, entry: str = "hub-a") -> str:
+    by = response.headers["x-hub-pool-served-by"]
+    return entry if by == "local" else by.split(".", 1)[0]
+
+
+def text(label: str, tokens: int) -> str:
+    words = f"{label} " * (tokens * 4 // (len(label) + 1) + 1)
+    return words[:tokens * 4]
+
+
+@pytest.fixture
+def three(tmp_path):
+    """hub-a, hub-b, hub-c: one 2-slot llama-server-shaped engine each, 2,000 prompt tokens a
+    second, paired with one another; each has served one request of its own, so every node's
+    speed is measured and advertised."""
+    yield from started_three(tmp_path, {"HUB_POOL_DEV_HEALTH_POLL_SECONDS": "1"})
+
+
+@pytest.fixture
+def three_slow_poll(tmp_path):
+    """The same, the health poll five minutes apart (it runs only when the test asks) and the busy
+    load poll every 100 ms."""
+    yield from started_three(tmp_path, {"HUB_POOL_DEV_HEALTH_POLL_SECONDS": "300", "HUB_POOL_DEV_LOAD_POLL_MS": "100"})
+
+
+def started_three(tmp_path, environ):
+    with ExitStack() as stack:
+        sims = {n: stack.enter_context(run_in_thread(SimConfig(
+            flavor="llamacpp", slots=2, prefill_tps=2000, decode_ms_per_token=20, timings=True, prompt_cache=True,
+            time_scale=0.1, name=n, models=[SimModel(MODEL, window=131072)]))) for n in NAMES}
+        nodes = make_pool(tmp_path, NAMES, environ=environ,
+                          per_node={n: {"LLAMACPP_URL": sims[n].url} for n in NAMES})
+        for n in nodes.values():
+            stack.enter_context(n)
+        a, b, c = (nodes[n] for n in NAMES)
+        pair_nodes(a, b)
+        pair_nodes(a, c)
+        pair_nodes(b, c)
+        for n in (a, b, c):
+            poll_until_offered(n, [m for m in (a, b, c) if m is not n], MODEL)
+        for name, n in nodes.items():  # each measures its own engine on a request of its own
+            r = chat(n, [{"role": "user", "content": text(f"warm {name}", 600)}])
+            assert served(r, name) == name
+        for n in (a, b, c):
+            n.run(n.node.health.poll_once())
+        yield nodes, sims
+
+
+def test_a_fleets_new_session_goes_where_its_shared_head_is_held(three):
+    nodes, sims = three
+    a = nodes["hub-a"]
+    head = text("the agent's system prompt and tools", 6000)
+    op(a, "POST", "/pins", {"scope": "default", "targetKind": "peer",
+                            "targetPeerId": a.node.peers.by_fqdn(fqdn("hub-c")).id})
+    first = chat(a, [{"role": "system", "content": head}, {"role": "user", "content": text("task one", 400)}])
+    assert served(first) == "hub-c"
+    op(a, "DELETE", "/pins?scope=default")
+    second = chat(a, [{"role": "system", "content": head}, {"role": "user", "content": text("task two", 400)}])
+    # another session (its head, system and first turn, differs), one prompt beginning with the
+    # first: hub-c holds 6,000 of its tokens and reads the rest, 3 s sooner than anywhere else
+    assert served(second) == "hub-c"
+    predictions = {p["node"]: p for p in row(a, second)["ttft"]["predictions"]}
+    assert predictions[fqdn("hub-c")]["cachedTokens"] >= 5_800
+    assert predictions["local"]["cachedTokens"] == 0 and predictions[fqdn("hub-b")]["cachedTokens"] == 0
+    assert sims["hub-c"].stats()["cached_tokens"] >= 5_800  # and the engine did hold it
+    # with the index off, only the session's own engine is known to hold anything: a new
+    # session of the fleet is placed as if no engine held its head
+    op(a, "PATCH", "/settings", {"poolPrefixIndex": 0})
+    third = chat(a, [{"role": "system", "content": head}, {"role": "user", "content": text("task three", 400)}])
+    assert all(p["cachedTokens"] == 0 for p in row(a, third)["ttft"]["predictions"])
+
+
+def test_new_sessions_spread_over_equal_boxes_instead_of_piling_on_the_entry_node(three):
+    nodes, _ = three
+    a = nodes["hub-a"]
+    placed = []
+    for i in range(3):
+        r = chat(a, [{"role": "system", "content": text(f"agent {i}", 1500)}, {"role": "user", "content": "go"}])
+        placed.append(served(r))
+        spread = row(a, r)["ttft"].get("spread")
+        assert spread is not None and len(spread["tied"]) == 3
+    # three equal idle boxes: every prediction ties, and each new session goes to the box holding
+    # the fewest (hub-a already holds its own warm-up prompt), not to the local head start
+    assert sorted(placed) == NAMES and placed[-1] == "hub-a"
+    # a session's next turn stays where its context is (it predicts seconds less there)
+    follow = chat(a, [{"role": "system", "content": text("agent 0", 1500)}, {"role": "user", "content": "go"},
+                      {"role": "assistant", "content": "ok"}, {"role": "user", "content": "and then"}])
+    assert served(follow) == placed[0]
+    # spreading off: the tie is settled by the predictions alone, as before (milliseconds apart)
+    op(a, "PATCH", "/settings", {"poolSessionSpread": 0})
+    r = chat(a, [{"role": "system", "content": text("agent 9", 1500)}, {"role": "user", "content": "go"}])
+    section = row(a, r)["ttft"]
+    best = min(section["predictions"], key=lambda p: p["predictedMs"])
+    assert section.get("spread") is None and r.headers["x-hub-pool-served-by"] == best["node"]
+
+
+def test_a_busy_node_learns_its_peers_load_sub_second_not_at_the_next_poll(three_slow_poll):
+    """hub-b's own app fills both its slots after hub-a's last health poll; hub-a, busy, asks its
+    peers' in-flight counts every 100 ms (poolLoadPollMs) and places around hub-b."""
+    import threading
+
+    from harness import wait_until
+
+    nodes, sims = three_slow_poll
+    a, b = nodes["hub-a"], nodes["hub-b"]
+    b_id = a.node.peers.by_fqdn(fqdn("hub-b")).id
+    assert a.node.load.peer_load(b_id, 0) == 0  # hub-b idle at the last poll
+    op(b, "POST", "/pins", {"scope": "default", "targetKind": "local"})  # hub-b's app's work stays there
+    # 3,000 tokens at 20 ms a token on a clock ten times faster: each holds its slot 6 s
+    held = [threading.Thread(target=chat, args=(b, [{"role": "user", "content": text(f"long {i}", 100)}]),
+                             kwargs={"max_tokens": 3000}) for i in range(2)]
+    for t in held:
+        t.start()
+    try:
+        assert wait_until(lambda: sims["hub-b"].stats()["in_flight"] == 2, timeout=20)
+        # hub-a has work of its own in flight: busy
+        own = threading.Thread(target=chat, args=(a, [{"role": "user", "content": text("a's own", 100)}]),
+                               kwargs={"max_tokens": 3000})
+        own.start()
+        held.append(own)
+        # (hub-a's own request may have gone to hub-b too: then it counts three)
+        assert wait_until(lambda: a.node.load.peer_load(b_id, 0) >= 2, timeout=10)
+        r = chat(a, [{"role": "system", "content": text("new session", 1500)}, {"role": "user", "content": "go"}])
+        predictions = {p["node"]: p for p in row(a, r)["ttft"]["predictions"]}
+        assert predictions[fqdn("hub-b")]["inFlight"] >= 2 and predictions[fqdn("hub-b")]["waitMs"] > 0
+        assert served(r) != "hub-b"
+    finally:
+        for t in held:
+            t.join()
