@@ -6,6 +6,7 @@ requests with it; the pool test reads which node served each request of each ses
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import aiohttp
@@ -22,7 +23,8 @@ def tap(upstream: str, kept: list[dict[str, Any]]) -> web.Application:
     async def relay(request: web.Request) -> web.StreamResponse:
         raw = await request.read()
         record: dict[str, Any] = {"method": request.method, "path": request.path_qs,
-                                  "headers": dict(request.headers), "body": raw.decode("utf-8", "replace")}
+                                  "headers": dict(request.headers), "body": raw.decode("utf-8", "replace"),
+                                  "started": time.monotonic()}
         kept.append(record)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         session = request.app[_SESSION]
@@ -36,6 +38,7 @@ def tap(upstream: str, kept: list[dict[str, Any]]) -> web.Application:
             async for chunk in up.content.iter_any():
                 await response.write(chunk)
             await response.write_eof()
+            record["ended"] = time.monotonic()
             return response
 
     async def open_session(app: web.Application) -> None:
