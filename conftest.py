@@ -23,6 +23,7 @@ SLOW = (
     "tests/fault/",  # whole processes under injected faults: 262 s
     "tests/web/",  # a real browser: 60 s
     "tests/real_engine/",  # a real llama-server: 14 s
+    "tests/real_clients/",  # the real Claude Code, Codex and OpenCode, and a real llama-server: 190 s
     "plugins/vllm/tests/test_vllm_queue_depth_node.py",  # 6 s
     "sim/tests/test_demo.py",  # 53 s
     "tests/security/test_api_fuzz.py",  # 15 s

@@ -194,3 +194,21 @@ def pair(requester: RunningNode, approver: RunningNode, pin: bool = True) -> Non
     with approver.client(headers=approver.headers()) as c:
         r = c.post(f"/api/inference/pool/peers/{name_of(requester)}/approve")
         assert r.status_code == 200, r.text
+
+
+def affinity_pool(stack: Any, root: Path, engines: dict[str, str], model: str,
+                  max_in_flight: int = 3) -> dict[str, RunningNode]:
+    """hub-a, an entry holding no engine, paired with a node per entry of ``engines`` (name ->
+    its llama-server's URL) that offers ``model``; prefix affinity on at the entry
+    (``poolPrefixAffinityMaxInFlight``). Every node is entered into ``stack`` (an ExitStack)."""
+    nodes = make_pool(root, ["hub-a", *engines], per_node={n: {"LLAMACPP_URL": url} for n, url in engines.items()})
+    for n in nodes.values():
+        stack.enter_context(n)
+    entry = nodes["hub-a"]
+    for name in engines:
+        pair(entry, nodes[name])
+    poll_until_offered(entry, [nodes[name] for name in engines], model)
+    with entry.client(headers=entry.headers()) as c:
+        r = c.patch("/api/inference/pool/settings", json={"poolPrefixAffinityMaxInFlight": max_in_flight})
+        assert r.status_code == 200, r.text
+    return nodes

@@ -151,3 +151,56 @@ def test_doctor_is_ready_on_a_healthy_tailnet_node(tmp_path):
             verdicts = {c["id"]: c["verdict"] for c in data["checks"]}
             assert verdicts["C1"] == "ready" and verdicts["E1"] == "ready" and verdicts["F1"] == "ready"
             assert data["ok"] is True and cli(n, "doctor").returncode == 0
+
+
+def test_the_agent_handouts_configure_claude_code_codex_and_opencode(node):
+    """`hubpool handout --agent`: each agent's environment and config file, pointed at this node
+    (never an engine), asked with tools and a 32k floor (qwen3:8b's 32768 window fits it)."""
+    import tomllib
+
+    claude = cli(node, "handout", "--agent", "claude-code", "--json")
+    assert claude.returncode == 0, claude.stderr
+    setup = json.loads(claude.stdout)
+    env = setup["env"]
+    assert env["ANTHROPIC_BASE_URL"] == node.url and env["ANTHROPIC_MODEL"] == "qwen3:8b"
+    assert env["ANTHROPIC_AUTH_TOKEN"] and env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
+    assert env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "8192"  # a quarter of the window, not Claude Code's 32000
+    # the default alias claude-* -> auto resolves Claude Code's background model: no variable for it
+    assert "ANTHROPIC_DEFAULT_HAIKU_MODEL" not in env and any("'claude-*'" in n for n in setup["notes"])
+    with node.client(headers=node.headers()) as c:
+        assert c.patch(P + "/settings", json={"poolModelAliases": {}}).status_code == 200
+    bare = cli(node, "handout", "--agent", "claude-code", "--env")
+    env = dict(line.split("=", 1) for line in bare.stdout.splitlines())
+    assert env["ANTHROPIC_DEFAULT_HAIKU_MODEL"] == env["ANTHROPIC_DEFAULT_SONNET_MODEL"] == "qwen3:8b"
+    assert env["CLAUDE_CODE_SUBAGENT_MODEL"] == "qwen3:8b"
+
+    codex = json.loads(cli(node, "handout", "--agent", "codex", "--json").stdout)
+    (config,) = codex["files"]
+    assert config["path"] == "~/.codex/config.toml"
+    toml = tomllib.loads(config["content"])
+    assert toml["model"] == "qwen3:8b" and toml["model_provider"] == "hubpool" and toml["model_context_window"] == 32768
+    provider = toml["model_providers"]["hubpool"]
+    assert provider["base_url"] == node.url + "/v1" and provider["wire_api"] == "responses"
+    assert codex["env"] == {provider["env_key"]: "hubpool"} and toml["analytics"]["enabled"] is False
+
+    opencode = json.loads(cli(node, "handout", "--agent", "opencode", "--json").stdout)
+    config = json.loads(opencode["files"][0]["content"])
+    assert opencode["files"][0]["path"] == "~/.config/opencode/opencode.json"
+    assert config["model"] == config["small_model"] == "hubpool/qwen3:8b"
+    hub = config["provider"]["hubpool"]
+    assert hub["npm"] == "@ai-sdk/openai-compatible" and hub["options"]["baseURL"] == node.url + "/v1"
+    assert hub["models"]["qwen3:8b"]["limit"] == {"context": 32768, "output": 8192}
+
+    printed = cli(node, "handout", "--agent", "codex")
+    assert printed.returncode == 0 and "# ~/.codex/config.toml" in printed.stdout
+    assert f'base_url = "{node.url}/v1"' in printed.stdout and printed.stdout.rstrip().count("codex") >= 2
+    # a floor the pool cannot meet: no model, and the warning says what to do
+    small = json.loads(cli(node, "handout", "--agent", "claude-code", "--min-context", "64000", "--json").stdout)
+    assert small["model"] == "auto" and any("no chat model" in w for w in small["warnings"])
+    wrong = cli(node, "handout", "--agent", "cursor")
+    assert wrong.returncode == 1 and "claude-code, codex, opencode" in wrong.stdout + wrong.stderr
+    # even when apps go to the engine directly, an agent goes through the node (it translates)
+    with node.client(headers=node.headers()) as c:
+        c.patch(P + "/settings", json={"poolRouteAppsAlways": False})
+    direct = json.loads(cli(node, "handout", "--agent", "claude-code", "--json").stdout)
+    assert direct["env"]["ANTHROPIC_BASE_URL"] == node.url and direct["baseUrl"] == node.url

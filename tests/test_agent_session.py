@@ -17,7 +17,7 @@ from collections import Counter
 from contextlib import ExitStack
 
 import anthropic
-from harness import fqdn, make_pool, pair, poll_until_offered
+from harness import affinity_pool, fqdn
 
 from hubpool_sim import SimConfig, SimModel, run_in_thread
 
@@ -76,17 +76,7 @@ def test_ten_turns_of_each_agent_session_stay_on_one_node_while_sessions_spread(
         sims = {name: stack.enter_context(run_in_thread(SimConfig(
             flavor="llamacpp", models=[SimModel(MODEL, window=65536)], decode_ms_per_token=15)))
             for name in ("hub-b", "hub-c")}
-        nodes = make_pool(tmp_path, ["hub-a", "hub-b", "hub-c"], per_node={
-            "hub-b": {"LLAMACPP_URL": sims["hub-b"].url}, "hub-c": {"LLAMACPP_URL": sims["hub-c"].url}})
-        for n in nodes.values():
-            stack.enter_context(n)
-        entry = nodes["hub-a"]
-        pair(entry, nodes["hub-b"])
-        pair(entry, nodes["hub-c"])
-        poll_until_offered(entry, [nodes["hub-b"], nodes["hub-c"]], MODEL)
-        with entry.client(headers=entry.headers()) as c:
-            assert c.patch("/api/inference/pool/settings",
-                           json={"poolPrefixAffinityMaxInFlight": 3}).status_code == 200
+        entry = affinity_pool(stack, tmp_path, {name: sim.url for name, sim in sims.items()}, MODEL)["hub-a"]
 
         client = anthropic.Anthropic(base_url=entry.url, api_key="unused-inside", max_retries=0)
         served: list[list[str]] = [[] for _ in range(3)]

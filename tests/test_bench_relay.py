@@ -6,6 +6,7 @@ in .ci/run), not here: a second copy of a 45-second load run would add nothing."
 from __future__ import annotations
 
 import base64
+import json
 import os
 import subprocess
 import sys
@@ -264,7 +265,52 @@ def test_messages_goals_are_judged_per_round_against_their_own_baselines():
                                                                              rnd, 1.4, 0.9),
                        run("direct", scenario, rnd, 1.0, 0.5), run("hubpool-1hop", scenario, rnd, 3.0, 1.0)]
     judge(r, _per_round, goal, _judge, _fmt, None)
-    g1, g2 = r.goals
+    g1, g2, cc1, cc2 = r.goals
     assert g1["goal"] == "G1-messages" and g1["measured"].startswith("native +0.40 ms p50, +0.80 ms p99")
     assert "translated +2.00 ms p50, +4.00 ms p99" in g1["measured"] and g1["verdict"] == "FAIL"
     assert g2["goal"] == "G2-messages" and g2["verdict"] == "PASS"  # +0.4/+0.8 native, +0.5/+1.0 translated
+    # the Claude Code turn's goals, when its scenarios did not run: skipped, saying why
+    assert (cc1["goal"], cc1["verdict"], cc2["goal"]) == ("G1-messages-claude-code", "SKIP", "G2-messages-claude-code")
+    for rnd in range(3):
+        for scenario in ("messages-claude-code-nonstream-c1", "messages-claude-code-stream-c1"):
+            r.runs += [run("direct-messages", scenario, rnd, 1.0, 0.5), run("hubpool-messages-native", scenario,
+                                                                             rnd, 1.5, 1.2),
+                       run("direct", scenario, rnd, 1.0, 0.5), run("hubpool-1hop", scenario, rnd, 2.0, 1.5)]
+    r.goals.clear()
+    judge(r, _per_round, goal, _judge, _fmt, None)
+    cc1, cc2 = r.goals[2:]
+    assert cc1["measured"] == "native +0.50 ms p50, +1.00 ms p99; translated +1.00 ms p50, +2.00 ms p99"
+    assert cc1["verdict"] == "FAIL" and cc2["verdict"] == "PASS"  # +0.7/+1.4 native, +1.0/+2.0 translated
+
+
+def test_the_claude_code_turn_goes_through_a_node_natively_byte_for_byte_and_translated(tmp_path):
+    """The captured Claude Code request of G1/G2-messages-claude-code: its query string, its
+    headers (anthropic-beta and all) and its 48 KB body, relayed untranslated to a stub that
+    serves Messages, and translated for one that does not."""
+    from hubpool_core.bench.relay import _engine_choice
+    from hubpool_core.bench.relay_messages import MESSAGES, NATIVE_VERSION, claude_code_request
+    from hubpool_core.bench.stub_engine import messages_frames
+
+    captured = claude_code_request(FAST, True, 8)
+    assert captured is not None, "tests/real_clients/data/claude-code.json is part of the source tree"
+    query, headers, body = captured
+    assert query == "?beta=true" and "anthropic-beta" in headers and len(json.dumps(body)) > 40_000
+    assert body["model"] == FAST and body["max_tokens"] == 8 and body["stream"] is True
+    var, _all = _engine_choice()
+    started = procs.Started(tmp_path)
+    try:
+        native_url, _ = procs.start_stub(started, 20, 8, name="native", version=NATIVE_VERSION)
+        old_url, _ = procs.start_stub(started, 20, 8, name="old")
+        for url, native in ((native_url, True), (old_url, False)):
+            with RunningNode(tmp_path / f"n{native}", {var: url}) as node, \
+                    httpx.Client(trust_env=False, timeout=30) as c:
+                relayed = c.post(node.url + MESSAGES + query, json=body, headers=headers)
+                assert relayed.status_code == 200, relayed.text
+                if native:
+                    assert relayed.content == b"".join(messages_frames(FAST, 8))
+                else:
+                    events = frames(relayed.content, True)
+                    assert events[0].startswith(b"event: message_start") and events[-1].startswith(
+                        b"event: message_stop")
+    finally:
+        started.stop_all()

@@ -586,10 +586,10 @@ def run_bench(*, quick: bool = False, gate: bool = False, rounds: int | None = N
         stub_pid = stub.pid
 
         def one(target: Target, scenario: Scenario, rnd: int, capture: bool = False,
-                path: str = CHAT, body: dict[str, Any] | None = None) -> Run:
+                path: str = CHAT, body: dict[str, Any] | None = None, headers: dict[str, str] | None = None) -> Run:
             cpu0, eng0 = target.cpu(), procs.cpu_sample(stub_pid)
             result = driver.run(target.url + path, body or scenario.body(), scenario.c, scenario.n, per_run_cap,
-                                capture=capture, headers=target.headers)
+                                capture=capture, headers={**(headers or {}), **target.headers})
             if "error" in result:
                 raise RuntimeError(f"load generator: {result['error']}")
             return Run(target.name, scenario.name, rnd, result, Target.used(cpu0, target.cpu()),

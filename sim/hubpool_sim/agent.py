@@ -31,8 +31,9 @@ from aiohttp import web
 from hubpool_sim.config import SimConfig
 from hubpool_sim.engine import Engine, Generation, silence
 from hubpool_sim.replies import call_of, drop_connection, engine_of, finish_json, json_reply, open_stream, unknown_model
+from hubpool_sim.script import answer_limit, calls_for
 from hubpool_sim.text import continuation, count_or_none, count_tokens
-from hubpool_sim.tools import ToolCall, planned_calls
+from hubpool_sim.tools import ToolCall
 
 MESSAGES, COUNT_TOKENS, RESPONSES, RERANK = "/v1/messages", "/v1/messages/count_tokens", "/v1/responses", "/v1/rerank"
 _OLLAMA_SINCE = {RESPONSES: (0, 13, 3), MESSAGES: (0, 14, 0)}
@@ -100,8 +101,8 @@ def _generate(request: web.Request, model: Any, prompt: bytes, max_tokens: int |
               turns: list[tuple[Any, Any]]) -> Generation:
     engine = engine_of(request)
     continued, seed = continuation(turns)
-    return Generation(model, prompt, engine.config.tokens, max_tokens, call_of(request).fault, continued=continued,
-                      seed=seed, prose=engine.config.text == "prose")
+    return Generation(model, prompt, engine.config.tokens, answer_limit(engine.config, max_tokens),
+                      call_of(request).fault, continued=continued, seed=seed, prose=engine.config.text == "prose")
 
 
 def _calls_allowed(gen: Generation) -> bool:
@@ -142,7 +143,8 @@ async def messages(request: web.Request) -> web.StreamResponse:
     engine = engine_of(request)
     turns = _messages_turns(body)
     gen = _generate(request, model, _prompt(body.get("system"), turns), count_or_none(body.get("max_tokens")), turns)
-    calls = planned_calls(body.get("tools"), _ends_in_tool_result(body["messages"])) if _calls_allowed(gen) else []
+    calls = calls_for(engine.config, body.get("tools"), body["messages"], _ends_in_tool_result(body["messages"])) \
+        if _calls_allowed(gen) else []
     message_id = f"msg_{uuid.uuid4().hex[:24]}"
     async with engine.serving(gen):
         if body.get("stream") is True:
@@ -265,7 +267,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
     prompt = _prompt(body.get("instructions"), turns)
     gen = _generate(request, model, prompt, count_or_none(body.get("max_output_tokens")), turns)
     last = conversation[-1] if conversation else {}
-    calls = planned_calls(body.get("tools"), last.get("type") == "function_call_output") \
+    calls = calls_for(engine.config, body.get("tools"), conversation, last.get("type") == "function_call_output") \
         if _calls_allowed(gen) else []
     response_id = f"resp_{uuid.uuid4().hex[:24]}"
     async with engine.serving(gen):

@@ -23,10 +23,10 @@ TEXT_KINDS = ("tokens", "prose")
 _RUNTIME_TYPES: dict[str, Any] = {
     "slots": int, "prefill_tps": float, "decode_tps": float, "decode_ms_per_token": float, "load_ms": float,
     "tokens": int, "embedding_dim": int, "prompt_cache": bool, "timings": bool, "api_key": str,
-    "time_scale": float, "sleeping": bool, "text": str,
+    "time_scale": float, "sleeping": bool, "text": str, "tool_script": list,
 }
 RUNTIME_FIELDS = tuple(_RUNTIME_TYPES)
-_NULLABLE = ("decode_ms_per_token", "api_key", "sleeping")
+_NULLABLE = ("decode_ms_per_token", "api_key", "sleeping", "tool_script")
 
 _PARAMS_TAG = re.compile(r"(?:^|[:\-_])e?(\d+(?:\.\d+)?)([bm])(?:$|[\-_])", re.IGNORECASE)
 
@@ -163,6 +163,9 @@ class SimConfig:
     #: the last user message: the same answer to the same question on every engine, so a
     #: continuation elsewhere can be checked byte for byte)
     text: str = "tokens"
+    #: a scripted model: the tool calls a test names, step by step, then short answers
+    #: (hubpool_sim/script.py); None is the default model
+    tool_script: list[dict[str, dict[str, Any]]] | None = None
 
     def __post_init__(self) -> None:
         if self.flavor not in FLAVOR_NAMES:
@@ -186,6 +189,10 @@ class SimConfig:
             raise ValueError(f"text must be one of {', '.join(TEXT_KINDS)}")
         if int(self.tokens) < 1 or int(self.embedding_dim) < 1:
             raise ValueError("tokens and embedding_dim must be at least 1")
+        for step in self.tool_script or []:
+            if not isinstance(step, dict) or not all(
+                    isinstance(name, str) and isinstance(args, dict) for name, args in step.items()):
+                raise ValueError("tool_script is a list of steps, each a mapping of tool name to its arguments")
 
     # -- timing -----------------------------------------------------------------------------
     @property

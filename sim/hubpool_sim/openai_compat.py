@@ -28,6 +28,7 @@ from hubpool_sim.replies import (
     sse,
     unknown_model,
 )
+from hubpool_sim.script import answer_limit, calls_for
 from hubpool_sim.text import (
     continuation,
     count_or_none,
@@ -37,7 +38,7 @@ from hubpool_sim.text import (
     messages_prompt,
     plain_prompt,
 )
-from hubpool_sim.tools import ToolCall, chat_ends_in_tool_result, planned_calls
+from hubpool_sim.tools import ToolCall, chat_ends_in_tool_result
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -71,16 +72,16 @@ async def _complete(request: web.Request, *, chat: bool) -> web.StreamResponse:
     if refusal:
         return json_reply(*refusal)
 
-    gen = Generation(model, prompt, engine.config.tokens, max_tokens, call_of(request).fault, continued=continued,
-                     seed=seed, prose=engine.config.text == "prose")
+    gen = Generation(model, prompt, engine.config.tokens, answer_limit(engine.config, max_tokens),
+                     call_of(request).fault, continued=continued, seed=seed, prose=engine.config.text == "prose")
     ids = {
         "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
         "object": "chat.completion.chunk" if chat else "text_completion",
         "created": int(time.time()),
         "model": model.id,
     }
-    calls = planned_calls(body.get("tools"), chat_ends_in_tool_result(body.get("messages"))) \
-        if chat and gen.kind != "unused" else []
+    calls = calls_for(engine.config, body.get("tools"), body.get("messages"),
+                      chat_ends_in_tool_result(body.get("messages"))) if chat and gen.kind != "unused" else []
     async with engine.serving(gen):
         if body.get("stream") is True:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))

@@ -4,7 +4,8 @@ A request that offers tools, and whose conversation does not end in a tool's res
 answered with a call to each of its first two tools (two at once: parallel calls, as
 agents see them); a request whose last turn is a tool's result is answered with text. The
 arguments are built from each tool's JSON schema (every required property, else the first),
-so a test can predict every byte. A ``stall`` fault goes silent inside the first call's
+so a test can predict every byte. A test driving a real agent names the calls instead
+(``tool_script``, hubpool_sim/script.py). A ``stall`` fault goes silent inside the first call's
 arguments (:meth:`ToolCall.pieces_before_stall`). Each dialect names the same things differently:
 
     chat completions   tools: [{"type": "function", "function": {"name", "parameters"}}]

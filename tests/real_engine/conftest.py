@@ -7,25 +7,17 @@ where .ci/run builds it first, so its absence is a failure rather than a quiet s
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from real_engine.support import LlamaServer, find_llama_server, write_tiny_gguf
+from real_engine.support import LlamaServer, require_llama_server, write_tiny_gguf
 
 
 @pytest.fixture(scope="session")
 def llama_server_binary() -> Path:
     """The llama-server binary, or a skip (a failure under CI) naming where it was looked for."""
-    binary, where = find_llama_server()
-    if binary is None:
-        message = (f"llama-server not found at {where}; build it once with "
-                   "`uv run python scripts/build_llama_server.py` (~12 min on 2 cores)")
-        if os.environ.get("CI") == "true":
-            pytest.fail(message + " -- under CI=true .ci/run must build it before pytest", pytrace=False)
-        pytest.skip(message)
-    return binary
+    return require_llama_server()
 
 
 @pytest.fixture(scope="session")

@@ -141,6 +141,21 @@ def find_llama_server() -> tuple[Path | None, str]:
     return (path if path.is_file() else None), str(path)
 
 
+def require_llama_server() -> Path:
+    """The llama-server binary, or a skip naming where it was looked for and how to build it --
+    a failure under CI (``CI=true``), where .ci/run builds it before pytest."""
+    import pytest
+
+    binary, where = find_llama_server()
+    if binary is None:
+        message = (f"llama-server not found at {where}; build it once with "
+                   "`uv run python scripts/build_llama_server.py` (~12 min on 2 cores)")
+        if os.environ.get("CI") == "true":
+            pytest.fail(message + " -- under CI=true .ci/run must build it before pytest", pytrace=False)
+        pytest.skip(message)
+    return binary
+
+
 def llama_cpp_version() -> str:
     """The pinned llama-cpp-python sdist the binary is built from."""
     return _build_script().LLAMA_CPP_PYTHON_VERSION
