@@ -71,3 +71,20 @@ def test_unknown_route_and_wrong_method(node):
         assert c.get("/v1/nothing").status_code == 404
         r = c.get("/v1/chat/completions")
     assert r.status_code == 405 and "error" in r.json()
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/api/chat"])
+@pytest.mark.parametrize("stream,streams", [(1, True), ("true", True), (0, False), ("false", False)])
+def test_a_stream_flag_that_is_not_a_boolean_is_left_to_the_engine(node, ollama_sim, route, stream, streams):
+    """Issue 26 item 16 (and 25's door rule): `"stream": 1`, `0` or `"true"` was refused at the
+    door with 400; an engine that reads it leniently serves it, so it reaches the engine, and the
+    node reads it as such an engine does (1 and "true" stream, 0 and "false" do not)."""
+    before = ollama_sim.stats()["by_path"].get(route, 0)
+    with node.client() as c:
+        r = c.post(route, json={"model": "llama3.2:3b", "stream": stream,
+                                "messages": [{"role": "user", "content": "hi"}]})
+    assert r.headers.get("x-hub-pool-served-by") == "local", (r.status_code, r.text)  # the engine answered
+    assert ollama_sim.stats()["by_path"].get(route, 0) == before + 1
+    with node.client(headers=node.headers()) as c:
+        rows = c.get("/api/inference/pool/routing-log?limit=5").json()["entries"]
+    assert next(e for e in rows if e["id"] == r.headers["x-hub-pool-request-id"])["stream"] is streams
