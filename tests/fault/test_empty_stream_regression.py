@@ -3,7 +3,11 @@ headers. The peer (the leaf) has committed the 200 to the sending node and ends 
 no body at all; the sending node's output check saw no frame, took the empty stream as "not
 recognisably in the dialect", and logged the request served — while the app got a 200 with no
 answer. An empty stream lacks its final frame like any other cut stream: the row must say
-failed / truncated-upstream (StreamJudge.verdict, hubpool_core/proxy/output_check.py)."""
+failed / truncated-upstream (StreamJudge.verdict, hubpool_core/proxy/output_check.py).
+
+Since issue 28 item 1 the sending node commits a stream at its first real token, so an empty
+stream never reaches the app at all: it is passed over like a missing header, and with no other
+candidate the app gets the walk's 502 naming the cut, never a 200 with nothing in it."""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ import time
 import httpx
 import pytest
 from harness import fqdn, make_pool, pair
-from history import INDETERMINATE, History, run_op
+from history import History, run_op
 from raw_http import RawHttpServer, read_request, send_json
 
 MODEL = "llama3.2:3b"
@@ -63,11 +67,15 @@ def test_a_peer_stream_that_ends_empty_after_headers_is_logged_truncated(tmp_pat
             with httpx.Client(timeout=15, trust_env=False) as c:
                 op = run_op(c, history, "hub-a", a.url, route,
                             {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": True})
-            assert op.status == 200 and op.served_by == fqdn("hub-b") and op.tokens == 0 and not op.final, op.brief()
-            assert op.outcome == INDETERMINATE
+            assert op.status == 502 and op.served_by is None and op.tokens == 0 and not op.final, op.brief()
+            assert "truncated-upstream (the stream ended before its first token)" in op.error, op.brief()
             with a.client(headers=a.headers()) as c:
                 row = next(r for r in c.get(P + "/routing-log").json()["entries"] if r["id"] == op.rid)
-            assert (row["outcome"], (row["requestError"] or {}).get("signature")) == ("failed", "truncated-upstream"), row
+            assert row["outcome"] == "failed" and row["status"] == 502 and row["node"] == fqdn("hub-b"), row
+            assert row["reason"].startswith("truncated-upstream"), row
+            with b.client(headers=b.headers()) as c:  # the leaf relayed at once: its inbound row says the cut
+                leaf = next(r for r in c.get(P + "/routing-log").json()["entries"] if r["id"] == op.rid)
+            assert leaf["outcome"] == "failed" and "truncated-upstream" in (leaf["reason"] or ""), leaf
             assert sim.chats == 1
         finally:
             a.stop()
