@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 
+import httpx
 import pytest
 import uvicorn
 from harness import ENGINE_VARS, closed_port_url
@@ -162,7 +163,7 @@ class _Recorder:
         return getattr(self._t, name)
 
 
-def test_a_held_answer_leaves_in_one_write_and_a_stream_head_does_not_wait_for_a_token(served, monkeypatch):
+def test_a_held_answer_leaves_in_one_write_and_a_stream_head_goes_with_its_first_token(served, monkeypatch):
     port, key = served
     import hubpool_core.node.server as server_module
 
@@ -185,9 +186,25 @@ def test_a_held_answer_leaves_in_one_write_and_a_stream_head_does_not_wait_for_a
             got += chunk
     assert got.startswith(b"HTTP/1.1 200 ") and b"x-hub-pool-served-by" in got.lower()
     assert writes == [got]  # head and body in one write
+
+    stream = {"model": PACED, "messages": [{"role": "user", "content": "x"}], "stream": True}
+    # poolStreamFirstToken 1 (the default): the head is committed at the first real token (300 ms
+    # in), and leaves in the same write as that token
     writes.clear()
-    with _post(port, "/v1/chat/completions", {"model": PACED, "messages": [{"role": "user", "content": "x"}],
-                                             "stream": True}, key) as s:
+    with _post(port, "/v1/chat/completions", stream, key) as s:
+        sent = time.monotonic()
+        first = s.recv(65536)
+        waited = time.monotonic() - sent
+        assert first.startswith(b"HTTP/1.1 200 ") and b"x-hub-pool-served-by" in first.lower()
+        assert b'"content":"tok "' in first, first
+        assert waited >= 0.25, waited
+        assert writes and writes[0] == first
+    # poolStreamFirstToken 0: the head is committed at the engine's headers and does not wait
+    r = httpx.patch(f"http://127.0.0.1:{port}/api/inference/pool/settings", json={"poolStreamFirstToken": 0},
+                    headers={"Authorization": f"Bearer {key}"}, trust_env=False)
+    assert r.status_code == 200, r.text
+    writes.clear()
+    with _post(port, "/v1/chat/completions", stream, key) as s:
         sent = time.monotonic()
         first = s.recv(65536)
         waited = time.monotonic() - sent
