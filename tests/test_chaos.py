@@ -439,12 +439,15 @@ def test_killing_a_peer_every_10s_under_32_streams_loses_no_request_before_heade
                     if not any(rid in w for w in warmup_rows.values()):
                         problems.append(f"{VICTIM} boot {boot}: inbound row no client sent: {row}")
                 elif row["outcome"] == "served" and op.served_by != victim_fqdn:
-                    # the one race this read allows: the victim sets `served` just before its
-                    # headers go out, this log was read, and the kill landed before they left,
-                    # so the sender saw the connection die with no answer and failed over
+                    # the one race this read allows: the victim sets `served` as its headers go
+                    # out, this log was read, and the kill landed before the answer's first token
+                    # reached the sender (before its headers left, or after them: the entry node
+                    # commits a stream at its first token), so the sender saw the connection die
+                    # with nothing committed to the app and failed over
                     sender = out_rows[op.entry].get(rid) or {}
                     died = [a for a in sender.get("attempts") or []
-                            if a["node"] == victim_fqdn and (a.get("reason") or "").startswith("fetch failed")]
+                            if a["node"] == victim_fqdn and ((a.get("reason") or "").startswith("fetch failed")
+                                                             or "before its first token" in (a.get("reason") or ""))]
                     if died and op.start < killed and op.headers_at is not None and op.headers_at > killed:
                         headers_lost += 1
                         continue
