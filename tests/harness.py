@@ -194,3 +194,18 @@ def pair(requester: RunningNode, approver: RunningNode, pin: bool = True) -> Non
     with approver.client(headers=approver.headers()) as c:
         r = c.post(f"/api/inference/pool/peers/{name_of(requester)}/approve")
         assert r.status_code == 200, r.text
+
+
+def meshed(stack: Any, nodes: dict[str, RunningNode], models: list[str]) -> list[RunningNode]:
+    """Start ``nodes`` in ``stack``, pair every two, and poll until each sees every other offer
+    ``models``; the nodes in their order."""
+    running = list(nodes.values())
+    for n in running:
+        stack.enter_context(n)
+    for i, a in enumerate(running):
+        for b in running[i + 1:]:
+            pair(a, b)
+    for n in running:
+        for model in models:
+            poll_until_offered(n, [m for m in running if m is not n], model)
+    return running
