@@ -62,6 +62,7 @@ SLOW = (
     "tests/test_history_crash.py",  # 27 s: a node process SIGKILLed under load and started again
     "tests/test_identity_lifecycle.py",  # 8 s
     "tests/test_placement_mechanisms.py",  # 14-21 s: three nodes, three simulated boxes, each test
+    "tests/test_cold_and_burst.py",  # 46 s: three nodes, cold loads waited out and slots held open
     "tests/test_identity_recovery.py",  # 10 s: a real restart and three CLI runs
     "tests/test_pairing.py",  # 36 s
     "tests/test_pair_by_lan_name.py",  # 11 s: pairs by LAN name through the CLI, end to end

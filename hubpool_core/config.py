@@ -78,6 +78,9 @@ class EnvSettings(BaseSettings):
     # the busy load poll's interval for test and bench rigs whose clock runs faster (50-10000 ms)
     dev_load_poll_ms: str | None = _alias("HUB_POOL_DEV_LOAD_POLL_MS")
     dev_first_byte_floor_ms: str | None = _alias("HUB_POOL_DEV_FIRST_BYTE_FLOOR_MS")
+    # bench rigs whose simulated engines run this many times faster than the wall (1-100) and
+    # report durations on their own clock: the admission queue counts its waits on that clock
+    dev_clock_speedup: str | None = _alias("HUB_POOL_DEV_CLOCK_SPEEDUP")
     # ... and nodes whose clocks disagree: shifts the clock this node signs peer requests by and
     # judges theirs against (milliseconds, ±1 day; negative lags behind)
     dev_clock_offset_ms: str | None = _alias("HUB_POOL_DEV_CLOCK_OFFSET_MS")
@@ -381,6 +384,10 @@ class PoolSettings(BaseModel):
     #: request is sent at once whatever its candidates' load, as the spec places. See
     #: docs/placement.md.
     poolAdmissionQueue: int = Field(default=0, ge=0, le=1024)
+    #: hubpool's own (issue 27; docs/placement.md): the first-token time the admission queue
+    #: aims for (ms). While requests wait, the ones that can still get a first token within it
+    #: go before the ones that cannot; 0 (the default) keeps arrival order
+    poolAdmissionTargetMs: int = Field(default=0, ge=0, le=600_000)
     #: hubpool's own: ids of inference keys whose queued requests are batch work (they wait
     #: behind every interactive one)
     poolAdmissionBatchKeys: list[str] = Field(default_factory=list, max_length=100)

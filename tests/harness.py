@@ -212,3 +212,18 @@ def affinity_pool(stack: Any, root: Path, engines: dict[str, str], model: str,
         r = c.patch("/api/inference/pool/settings", json={"poolPrefixAffinityMaxInFlight": max_in_flight})
         assert r.status_code == 200, r.text
     return nodes
+
+
+def meshed(stack: Any, nodes: dict[str, RunningNode], models: list[str]) -> list[RunningNode]:
+    """Start ``nodes`` in ``stack``, pair every two, and poll until each sees every other offer
+    ``models``; the nodes in their order."""
+    running = list(nodes.values())
+    for n in running:
+        stack.enter_context(n)
+    for i, a in enumerate(running):
+        for b in running[i + 1:]:
+            pair(a, b)
+    for n in running:
+        for model in models:
+            poll_until_offered(n, [m for m in running if m is not n], model)
+    return running

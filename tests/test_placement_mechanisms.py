@@ -11,8 +11,7 @@ from contextlib import ExitStack
 
 import httpx
 import pytest
-from harness import fqdn, make_pool, poll_until_offered
-from harness import pair as pair_nodes
+from harness import fqdn, make_pool, meshed
 
 from hubpool_sim import SimConfig, SimModel, run_in_thread
 
@@ -72,14 +71,7 @@ def started_three(tmp_path, environ):
             time_scale=0.1, name=n, models=[SimModel(MODEL, window=131072)]))) for n in NAMES}
         nodes = make_pool(tmp_path, NAMES, environ=environ,
                           per_node={n: {"LLAMACPP_URL": sims[n].url} for n in NAMES})
-        for n in nodes.values():
-            stack.enter_context(n)
-        a, b, c = (nodes[n] for n in NAMES)
-        pair_nodes(a, b)
-        pair_nodes(a, c)
-        pair_nodes(b, c)
-        for n in (a, b, c):
-            poll_until_offered(n, [m for m in (a, b, c) if m is not n], MODEL)
+        a, b, c = meshed(stack, nodes, [MODEL])
         for name, n in nodes.items():  # each measures its own engine on a request of its own
             r = chat(n, [{"role": "user", "content": text(f"warm {name}", 600)}])
             assert served(r, name) == name

@@ -8,13 +8,19 @@ same stages — whenever a request it counted finishes, so it goes to whichever 
 frees first (late binding). A candidate whose slots nothing states is never full: a pool
 that states nothing never queues.
 
+With predicted time to first token on, a request also waits while waiting for a full
+candidate is predicted sooner than starting on every free one (a warm node's slot against a
+cold load elsewhere); otherwise it starts on the free one at once.
+
 Order: interactive before batch (``poolAdmissionBatchKeys`` names the inference keys whose
 work is batch), then fair share between keys (the key served least goes next), then
-arrival. Overflow answers 429 and a wait past the request's own budget 503, both with
-``Retry-After`` in the route's dialect; a streamed OpenAI request gets SSE comment
-keep-alives while it waits (its 200 is then sent before the wait ends, and a failure after
-that is an SSE error frame). The routing-log row carries ``queuedMs``, the answer
-``X-Hub-Pool-Queued-Ms``. With the setting at 0 nothing here runs.
+arrival. With a first-token target (``poolAdmissionTargetMs``) the waiters that can still
+make it go first, newest first, and the rest after them. Overflow answers 429 and a wait
+past the request's own budget 503, both with ``Retry-After`` in the route's dialect; a
+streamed OpenAI request gets SSE comment keep-alives while it waits (its 200 is then sent
+before the wait ends, and a failure after that is an SSE error frame). The routing-log row
+carries ``queuedMs``, the answer ``X-Hub-Pool-Queued-Ms``. With the setting at 0 nothing
+here runs.
 """
 
 from __future__ import annotations
@@ -31,10 +37,11 @@ from typing import Any
 from starlette.types import Receive, Scope, Send
 
 from hubpool_core.api.dialects import error_body as dialect_error_body
+from hubpool_core.config import env_int
 from hubpool_core.engine import AGENT_DIALECTS, OPENAI
 from hubpool_core.placement import NoAutoModel, PlacementRequest, Plan, place, snapshot_of
 from hubpool_core.placement.load import Work
-from hubpool_core.placement.speed import candidate_slots
+from hubpool_core.placement.speed import SCRATCH_PREDICTED, SCRATCH_SLOT_MS, candidate_slots
 
 log = logging.getLogger("hubpool.admission")
 
@@ -48,16 +55,52 @@ KEEPALIVE_EVERY_S = 5.0
 QUEUED_HEADER = "X-Hub-Pool-Queued-Ms"
 
 
-def saturated(plan: Plan, settings: Any, engine_by_kind: dict[str, Any]) -> bool:
-    """Every candidate is at (or past) its known concurrency; False when any has a free slot
-    or states none."""
+def _full(cand: Any, settings: Any, engine_by_kind: dict[str, Any]) -> bool:
+    slots = candidate_slots(cand, settings, engine_by_kind)
+    return slots is not None and cand.in_flight >= slots
+
+
+def saturated(plan: Plan, settings: Any, engine_by_kind: dict[str, Any], ahead: int = 0) -> bool:
+    """Nothing is worth starting now: every candidate is at (or past) its known concurrency,
+    or — with predicted time to first token on — waiting for the full candidate predicted
+    soonest beats starting on any free one (its wait counted with ``ahead`` more requests
+    queued before this one). False when a candidate has a free slot (or states none) and
+    waiting is not predicted sooner."""
     if not plan.candidates:
         return False
-    for cand in plan.candidates:
-        slots = candidate_slots(cand, settings, engine_by_kind)
-        if slots is None or cand.in_flight < slots:
-            return False
-    return True
+    full = [c for c in plan.candidates if _full(c, settings, engine_by_kind)]
+    if len(full) == len(plan.candidates):
+        return True
+    return bool(full) and worth_waiting(plan, full, ahead)
+
+
+def has_free(plan: Plan, settings: Any, engine_by_kind: dict[str, Any]) -> bool:
+    """A candidate with a free slot, or one whose slots nothing states."""
+    return any(not _full(c, settings, engine_by_kind) for c in plan.candidates)
+
+
+def worth_waiting(plan: Plan, full: list[Any], ahead: int = 0) -> bool:
+    """Whether the predicted-TTFT stage says a full candidate gives the first token sooner, its
+    queue wait and ``ahead`` more queued requests' included, than every free candidate (each
+    of which it priced: an unmeasured free one is started as before). False when the stage
+    did not run (``poolTtftRanking`` 0): the queue then holds only when every slot is taken."""
+    scratch = plan.context.scratch
+    table, per_slot = scratch.get(SCRATCH_PREDICTED), scratch.get(SCRATCH_SLOT_MS) or {}
+    if not isinstance(table, dict):
+        return False
+    held = {id(c) for c in full}
+    priced = [table.get(id(c)) for c in plan.candidates if id(c) not in held]
+    free = [p for p in priced if p is not None]
+    if not free or len(free) < len(priced):
+        return False
+    waits = [table[id(c)] + ahead * (per_slot.get(id(c)) or 0.0) for c in full if table.get(id(c)) is not None]
+    return bool(waits) and min(waits) < min(free)
+
+
+def predicted_ms(plan: Plan, cand: Any) -> float | None:
+    """The predicted-TTFT stage's figure for one candidate of the plan, or ``None``."""
+    table = plan.context.scratch.get(SCRATCH_PREDICTED)
+    return table.get(id(cand)) if isinstance(table, dict) else None
 
 
 def free_first(plan: Plan, settings: Any, engine_by_kind: dict[str, Any]) -> None:
@@ -68,6 +111,18 @@ def free_first(plan: Plan, settings: Any, engine_by_kind: dict[str, Any]) -> Non
             if (slots := candidate_slots(c, settings, engine_by_kind)) is not None and c.in_flight >= slots]
     if full and len(full) < len(plan.candidates):
         plan.candidates = [c for c in plan.candidates if c not in full] + full
+
+
+@dataclass
+class _Pass:
+    """What one pass of the pump has decided so far."""
+
+    #: poolAdmissionTargetMs while waiters that can still make it are being placed, then 0
+    target: int
+    #: models with no free slot anywhere: their later waiters wait
+    blocked: set[str] = field(default_factory=set)
+    #: model -> waiters held this pass for a full candidate predicted sooner than a free one
+    held: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(eq=False)
@@ -81,6 +136,22 @@ class Waiter:
 
     def waited_ms(self) -> int:
         return int((time.monotonic() - self.enqueued) * 1000)
+
+
+def target_order(order: list[Waiter], served: dict[str, int], target_ms: int,
+                 speedup: int = 1) -> tuple[list[Waiter], list[Waiter]]:
+    """(the waiters a pass tries first, those already past the target) for waiters in queue
+    order. Without a target: the queue order, nobody late. With one, the waiters that have
+    not yet waited it out go first, newest first within a class and share: the newest has the
+    most time to spare, so a slot another node took first or a wait misjudged costs it least
+    (placed oldest first, a waiter sent at the edge of the target missed it; docs/placement.md).
+    ``speedup``: waits are counted on the engines' clock (HUB_POOL_DEV_CLOCK_SPEEDUP)."""
+    if not target_ms:
+        return list(order), []
+    late = [w for w in order if w.waited_ms() * speedup >= target_ms]
+    gone = {id(w) for w in late}
+    first = sorted((w for w in order if id(w) not in gone), key=lambda w: (w.klass, served.get(w.key, 0), -w.seq))
+    return first, late
 
 
 class AdmissionQueue:
@@ -99,6 +170,13 @@ class AdmissionQueue:
         self.expired = 0
         self.abandoned = 0
         self.wait_ms_total = 0
+        load = getattr(node, "load", None)
+        if load is not None:  # a node whose requests wait for a peer's slot learns that peer's load sub-second
+            load.waiting = lambda: bool(self.waiters)
+        #: HUB_POOL_DEV_CLOCK_SPEEDUP (bench rigs only; 1 in production): the engines' clock runs
+        #: this many times faster than the wall, and predictions are on their clock
+        self.speedup = env_int(getattr(getattr(node, "env", None), "dev_clock_speedup", None), minimum=1,
+                               maximum=100) or 1
 
     def wake(self) -> None:
         """A request this node counted finished: capacity may have freed."""
@@ -160,32 +238,60 @@ class AdmissionQueue:
         return waiter in self.waiters and not waiter.ready.done()
 
     async def _place_waiters(self) -> None:
-        blocked: set[str] = set()
+        """One pass over the waiters in order. A model none of whose candidates has a free slot
+        blocks its later waiters (they keep their order). A waiter for whom waiting for a full
+        candidate is predicted sooner than a free one is held, and counts as queued ahead of
+        the next waiter for that model, who may then start on the free one at once. With
+        ``poolAdmissionTargetMs``, waiters that can still get a first token within it go first:
+        one predicted to miss it leaves a free slot to a later waiter that can make it, and is
+        placed after them in the same pass, oldest first."""
+        state = _Pass(int(getattr(self.node.settings.current, "poolAdmissionTargetMs", 0) or 0))
+        order = self.ordered()
+        first, late = target_order(order, self.served, state.target, self.speedup)
+        for waiter in first:
+            if not await self._try(waiter, state):
+                late.append(waiter)
+        state.target = 0
+        for waiter in [w for w in order if w in late]:
+            await self._try(waiter, state)
+
+    async def _try(self, waiter: Waiter, state: _Pass) -> bool:
+        """Place one waiter; False when it was left for later as predicted to miss the target."""
         node = self.node
-        for waiter in self.ordered():
-            if not self._still_waiting(waiter) or waiter.request.model in blocked:
-                continue
-            snapshot = await snapshot_of(node)
-            if not self._still_waiting(waiter):
-                continue
-            # the same request placed again, its session source kept (affinity names it, and
-            # X-Hub-Pool-Session is forwarded only when it came from that header)
-            plan = await place(snapshot, replace(waiter.request, body=dict(waiter.request.body)))
-            if not self._still_waiting(waiter):
-                continue
-            if isinstance(plan, NoAutoModel) or not plan.candidates:
-                self._release(waiter, plan)  # answered as the walk would: the 502
-                continue
-            if saturated(plan, snapshot.settings, node.engine_by_kind):
-                blocked.add(waiter.request.model)  # same-model waiters keep their order
-                continue
-            free_first(plan, snapshot.settings, node.engine_by_kind)
-            first = plan.candidates[0]
-            # reserved now, so the next waiter sees this slot taken; the walk's first attempt
-            # counts it as its own (RelayPlan.reserved)
-            node.load.acquire(first.peer_id, Work(first.backend, plan.model, plan.context.num_ctx,
-                                                  plan.context.judged) if first.is_local else None)
-            self._release(waiter, plan)
+        model = waiter.request.model
+        if not self._still_waiting(waiter) or model in state.blocked:
+            return True
+        snapshot = await snapshot_of(node)
+        if not self._still_waiting(waiter):
+            return True
+        # the same request placed again, its session source kept (affinity names it, and
+        # X-Hub-Pool-Session is forwarded only when it came from that header)
+        plan = await place(snapshot, replace(waiter.request, body=dict(waiter.request.body)))
+        if not self._still_waiting(waiter):
+            return True
+        if isinstance(plan, NoAutoModel) or not plan.candidates:
+            self._release(waiter, plan)  # answered as the walk would: the 502
+            return True
+        settings, engines = snapshot.settings, node.engine_by_kind
+        ahead = state.held.get(model, 0)
+        if saturated(plan, settings, engines, ahead):
+            if has_free(plan, settings, engines):
+                state.held[model] = ahead + 1  # waits for the full one; the next may take the free slot
+            else:
+                state.blocked.add(model)  # same-model waiters keep their order
+            return True
+        free_first(plan, settings, engines)
+        first = plan.candidates[0]
+        if state.target:
+            predicted = predicted_ms(plan, first)
+            if predicted is not None and waiter.waited_ms() * self.speedup + predicted > state.target:
+                return False
+        # reserved now, so the next waiter sees this slot taken; the walk's first attempt
+        # counts it as its own (RelayPlan.reserved)
+        node.load.acquire(first.peer_id, Work(first.backend, plan.model, plan.context.num_ctx,
+                                              plan.context.judged) if first.is_local else None)
+        self._release(waiter, plan)
+        return True
 
     def _release(self, waiter: Waiter, plan: Any) -> None:
         self.leave(waiter)

@@ -37,7 +37,8 @@ class Load:
         #: forwarded it then, when): fresher than a poll for the peers this node talks to
         self._fresh: dict[str, tuple[int, int, float]] = {}
         self._report_at: dict[str, float] = {}
-        #: called after every release (the admission queue's wake-up); None: nobody listens
+        #: called after every release, and when a peer's fresh count falls (the admission
+        #: queue's wake-up); None: nobody listens
         self.on_release: Callable[[], None] | None = None
         #: generations in flight on each local engine: engine kind -> {(model, num_ctx): count}
         self.local_work: dict[str, dict[tuple[str, int | None], int]] = {}
@@ -46,6 +47,8 @@ class Load:
         self.local_other: dict[str, int] = {}
         #: when this node last handed a request to an engine (monotonic): "busy" lasts a while
         self.last_acquired = 0.0
+        #: whether requests wait in the admission queue (set by the queue); None: no queue
+        self.waiting: Callable[[], bool] | None = None
 
     def acquire(self, peer_id: str | None, work: Work | tuple[str, str, int | None] | None = None) -> None:
         """Count a request handed to an engine. ``work`` is what it puts on a local engine
@@ -70,8 +73,10 @@ class Load:
             self.on_release()
 
     def busy(self, within_s: float) -> bool:
-        """Work in flight here or at a peer, or a request placed in the last ``within_s``."""
-        return self.local > 0 or any(self.forwarded.values()) or time.monotonic() - self.last_acquired < within_s
+        """Work in flight here or at a peer, a request placed in the last ``within_s``, or
+        requests waiting in the admission queue for a slot to free (at a peer too)."""
+        return self.local > 0 or any(self.forwarded.values()) or time.monotonic() - self.last_acquired < within_s \
+            or (self.waiting is not None and self.waiting())
 
     def _note(self, work: Work | tuple[str, str, int | None], step: int) -> None:
         """Add ``step`` to what ``work`` counts in: a generation by (model, window), any other
@@ -106,8 +111,13 @@ class Load:
     def note_fresh(self, peer_id: str, in_flight: int) -> None:
         """A forwarded answer's ``X-Hub-Pool-In-Flight``, or the busy load poll's answer: the
         peer's own count as it answered (a forward's own request included), beside what this
-        node had forwarded it then."""
-        self._fresh[peer_id] = (in_flight, self.forwarded.get(peer_id, 0), time.monotonic())
+        node had forwarded it then. A count that fell (work this node did not send finished
+        there) wakes the admission queue, as a release here does."""
+        before = self._fresh.get(peer_id)
+        forwarded = self.forwarded.get(peer_id, 0)
+        self._fresh[peer_id] = (in_flight, forwarded, time.monotonic())
+        if before is not None and in_flight - forwarded < before[0] - before[1] and self.on_release is not None:
+            self.on_release()
 
     def peer_load(self, peer_id: str, reported: int | None) -> int:
         forwarded = self.forwarded.get(peer_id, 0)

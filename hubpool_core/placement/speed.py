@@ -29,6 +29,11 @@ DEFAULT_LOAD_MS = 30_000.0
 MAX_ADVERTISED = 32
 #: how long a residency reading stands without a newer one
 RESIDENCY_TTL_S = 600.0
+#: ``PlacementContext.scratch`` keys the predicted-TTFT stage writes for the stages after it and
+#: the admission queue: id(candidate) -> predicted ms (``None``: no evidence), and id(candidate)
+#: -> how much one more request queued ahead adds to its wait (service time over slots)
+SCRATCH_PREDICTED = "ttft_predicted"
+SCRATCH_SLOT_MS = "ttft_slot_ms"
 
 
 def _finite_positive(value: Any) -> bool:
@@ -212,6 +217,11 @@ class ResidencyView:
         if found is None or self.clock() - found[1] > RESIDENCY_TTL_S:
             return None
         return folded in found[0]
+
+    def served_at(self, node: str, backend: str, model: str) -> float | None:
+        """When the engine was last seen serving ``model`` (this view's clock), within the TTL."""
+        seen = self._served.get((node, backend, fold_model_id(model)))
+        return seen if seen is not None and self.clock() - seen <= RESIDENCY_TTL_S else None
 
     def models(self, node: str, backend: str) -> list[str] | None:
         found = self._held.get((node, backend))

@@ -91,6 +91,11 @@ SETTING_WORDS: dict[str, tuple[str, str]] = {
         "Requests that may wait for a free node",
         "When every node is busy, up to this many requests wait here for the first free one instead of "
         "queuing at an engine. 0 turns the waiting line off."),
+    "poolAdmissionTargetMs": (
+        "Waiting requests aim to start answering within (ms)",
+        "While requests wait for a free node, the ones that can still start answering within this time go "
+        "before the ones that already cannot, so a burst serves as many in time as the pool can. 0 keeps "
+        "arrival order."),
     "poolAdmissionBatchKeys": (
         "Batch keys (wait behind interactive work)",
         "Inference keys whose waiting requests go behind every interactive one."),

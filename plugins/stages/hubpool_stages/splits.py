@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hubpool_core import Stage
+from hubpool_core.placement.speed import SCRATCH_PREDICTED
 
 #: ctx.scratch key: id(candidate) -> group tuple (read by contention and the core's pin).
 SCRATCH_GROUPS = "groups"
@@ -200,6 +201,13 @@ class SlotsStage(_SplitStage):
     neither full nor free and keeps its place. Judged on every route that takes a slot
     (embeddings included); the ``show`` lookup is exempt. Section ``slots`` (``None`` when no
     candidate stated a count): ``{demoted: [{node, backend, inFlight, slots}], overridden}``.
+
+    With predicted time to first token on (``poolTtftRanking``, hubpool's own), a full
+    candidate whose prediction — its queue wait included — is sooner than every free
+    candidate's of its group keeps its place: waiting there beats starting elsewhere (a warm
+    node's short queue against a cold load). The section then lists it under ``kept``
+    (``[{node, backend, inFlight, slots, predictedMs}]``, present only when not empty). With
+    the ranking off nothing is predicted and the split is the spec's exactly.
     """
 
     name = "slots"
@@ -235,9 +243,33 @@ class SlotsStage(_SplitStage):
         def free(c: Any) -> bool:
             return slots[id(c)] is not None and c.in_flight < slots[id(c)]
 
-        out, demoted = split(out, context, full, free)
-        section = {"demoted": [{"node": c.node, "backend": c.backend, "inFlight": c.in_flight,
-                                "slots": slots[id(c)]} for c in demoted],
-                   "overridden": False}
+        kept = _sooner_than_every_free(out, context, full, free)
+        out, demoted = split(out, context, lambda c: full(c) and id(c) not in kept, free)
+        section: dict[str, Any] = {"demoted": [{"node": c.node, "backend": c.backend, "inFlight": c.in_flight,
+                                                "slots": slots[id(c)]} for c in demoted],
+                                   "overridden": False}
+        if kept:
+            section["kept"] = [{"node": c.node, "backend": c.backend, "inFlight": c.in_flight,
+                                "slots": slots[id(c)], "predictedMs": kept[id(c)]} for c in out if id(c) in kept]
         self._keep(context, section, demoted)
         return out, section
+
+
+def _sooner_than_every_free(ranking: list[Any], context: Any, full: Callable[[Any], bool],
+                            free: Callable[[Any], bool]) -> dict[int, int]:
+    """id -> predicted ms of the full candidates the predicted-TTFT stage says start sooner,
+    their wait included, than every free candidate of their group (each of which it priced:
+    an unmeasured free one is explored as the spec says). Empty when the stage did not run."""
+    table = context.scratch.get(SCRATCH_PREDICTED)
+    if not isinstance(table, dict):
+        return {}
+    out: dict[int, int] = {}
+    for c in ranking:
+        mine = table.get(id(c))
+        if mine is None or not full(c):
+            continue
+        group = group_of(context, c)
+        frees = [table.get(id(f)) for f in ranking if free(f) and group_of(context, f) == group]
+        if frees and all(p is not None and mine < p for p in frees):
+            out[id(c)] = mine
+    return out

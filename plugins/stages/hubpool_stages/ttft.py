@@ -9,9 +9,11 @@ prompt its engine does not already hold (the node that last took this session ho
 session's previous prompt), and the model load when its engine says the model is not in
 memory. It applies to every prompt size.
 
-Where a candidate has no evidence (no measured speed, or in flight with no known slot count)
-it keeps its queue-depth place: the candidates with a prediction are ordered among the
-places they hold, and the others do not move, so an unmeasured node is explored as today.
+A busy engine whose slot count nothing states is priced as one slot (its work in flight
+ahead of this request). Where a candidate has no evidence (no measured speed, or in flight
+with no measured service time) it keeps its queue-depth place: the candidates with a
+prediction are ordered among the places they hold, and the others do not move, so an
+unmeasured node is explored as today.
 ``poolTtftRanking`` 0 turns the stage off: the ranking is then the spec's exactly. So does
 the spec's own switch for measured speed, ``HUB_POOL_THROUGHPUT_PLACEMENT=off`` (issue 26
 item 17): a prediction is measured speed reordering candidates. Off, the stage is not called
@@ -28,6 +30,8 @@ from hubpool_core import Stage
 from hubpool_core.placement.prefixes import PrefixIndex, block_chain, prompt_bytes
 from hubpool_core.placement.speed import (
     DEFAULT_LOAD_MS,
+    SCRATCH_PREDICTED,
+    SCRATCH_SLOT_MS,
     advertised_prior,
     advertised_residency,
     advertised_speed,
@@ -37,8 +41,7 @@ from hubpool_core.placement.speed import (
 from hubpool_stages.affinity import AffinityTable, session_key, ttl_ms_from
 from hubpool_stages.throughput import throughput_on
 
-#: ctx.scratch keys written here: id(candidate) -> predicted ms (None: no evidence), and the section
-SCRATCH_PREDICTED = "ttft_predicted"
+#: ctx.scratch keys written here (beside the core's SCRATCH_PREDICTED and SCRATCH_SLOT_MS)
 SCRATCH_KEY = "ttft_session"
 SCRATCH_CHAIN = "ttft_chain"
 #: predictions this close to the best one are a tie that spreading sessions settles: 10 % of the
@@ -96,16 +99,24 @@ class PredictedTtftStage(Stage):
         return prior if prior is not None or candidate.is_local else advertised_prior(caps)
 
     def resident(self, candidate: Any, model: str) -> bool | None:
+        """Whether the candidate's engine holds the model: a local engine as its residency reads
+        say; a peer's as it advertises, unless this node saw it serve the model after that
+        advertisement was taken (an engine that loaded it for us holds it until its next read
+        says otherwise: Ollama unloads after its keep-alive)."""
         view = getattr(self.node, "residency", None)
         known = view.resident(candidate.node, candidate.backend, model) if view is not None else None
-        if known is True or candidate.is_local:
+        if candidate.is_local:
             return known
         models = advertised_residency(getattr(candidate.peer, "last_capabilities", None), candidate.backend)
         if models is None:
             return known
         from hubpool_core.placement import same_model
 
-        return any(same_model(m, model) for m in models)
+        if any(same_model(m, model) for m in models):
+            return True
+        seen = view.served_at(candidate.node, candidate.backend, model) if view is not None else None
+        reported = getattr(candidate.peer, "last_seen_at", None)
+        return seen is not None and (reported is None or seen > reported.timestamp())
 
     def predict(self, candidate: Any, context: Any, cached: int) -> dict[str, Any] | None:
         """The prediction's parts for one candidate, or ``None`` without evidence."""
@@ -114,20 +125,22 @@ class PredictedTtftStage(Stage):
             return None
         slots = self.slots_of(candidate, context)
         in_flight = candidate.in_flight
-        if in_flight and slots is None:
-            return None  # busy, and nothing says whether the request would run beside it or behind it
+        # a busy engine whose concurrency nothing states is priced as one slot: the longest its
+        # work in flight can hold this request back (a warm node's queue against a cold load)
+        per = slots or 1
         wait = 0.0
-        if slots is not None and in_flight >= slots:
+        if in_flight >= per:
             if speed.service_ms is None:
-                return None
-            wait = (in_flight - slots + 1) * speed.service_ms / slots
+                return None  # busy, and nothing says for how long
+            wait = (in_flight - per + 1) * speed.service_ms / per
         tokens = max(0, context.estimated_tokens - cached)
         prefill = tokens / speed.prefill_tps * 1000.0
         resident = self.resident(candidate, context.model)
         load = 0.0 if resident is not False else (speed.load_ms or DEFAULT_LOAD_MS)
         return {"node": candidate.node, "backend": candidate.backend, "predictedMs": round(wait + prefill + load),
                 "waitMs": round(wait), "prefillMs": round(prefill), "loadMs": round(load),
-                "cachedTokens": cached, "inFlight": in_flight, "slots": slots}
+                "cachedTokens": cached, "inFlight": in_flight, "slots": slots,
+                "_slotMs": None if speed.service_ms is None else speed.service_ms / per}
 
     # -- the stage ---------------------------------------------------------------------
     def apply(self, ranking: Sequence[Any], context: Any) -> tuple[list[Any], dict[str, Any] | None]:
@@ -151,6 +164,7 @@ class PredictedTtftStage(Stage):
                                          context.estimated_tokens))
             predictions[id(cand)] = self.predict(cand, context, cached)
         context.scratch[SCRATCH_PREDICTED] = {k: (v["predictedMs"] if v else None) for k, v in predictions.items()}
+        context.scratch[SCRATCH_SLOT_MS] = {k: (v.pop("_slotMs") if v else None) for k, v in predictions.items()}
         places = [i for i, c in enumerate(out) if predictions[id(c)] is not None]
         if len(places) < 2:
             return out, None

@@ -278,3 +278,91 @@ def test_the_index_holds_exactly_the_whole_blocks_two_prompts_share(head, a_tail
     assert index.held_tokens("n", "eng", block_chain(b, "m")) == whole * BLOCK_BYTES // 4
     assert index.held_tokens("n", "eng", block_chain(b, "other")) == 0  # a cache is per model
     assert index.held_tokens("x", "eng", block_chain(b, "m")) == 0
+
+
+# -- issue 27 item 4: a warm node's short queue against a cold load ----------------------------
+
+#: per candidate: (in flight, stated slots or None, prefill tok/s or None, service ms or None, cold)
+cold_candidates = st.lists(st.tuples(st.integers(0, 6), st.one_of(st.none(), st.integers(1, 4)),
+                                     st.one_of(st.none(), st.floats(50, 5000)),
+                                     st.one_of(st.none(), st.floats(100, 9000)), st.booleans()),
+                           min_size=1, max_size=6)
+
+
+def stated_setup(specs):
+    """Peers stating their slots as a node states Ollama's (``ollamaSlots``), some holding the
+    model in memory and some not (``resident``), with measured speeds or none."""
+    book, view = SpeedBook(), ResidencyView()
+    ranking = []
+    for i, (in_flight, slots, rate, service, cold) in enumerate(specs):
+        caps = {"ollamaSlots": slots} if slots else {}
+        caps["resident"] = [{"backend": "eng", "models": [] if cold else ["m"]}]
+        ranking.append(Candidate(f"n{i}", "eng", peer=SimpleNamespace(id=f"p{i}", node_fqdn=f"n{i}",
+                                                                      last_capabilities=caps),
+                                 score=in_flight + 1, in_flight=in_flight))
+        if rate is not None:
+            book.record_read(f"n{i}", "eng", "m", 1000, 1000 * 1000 / rate)
+        if service is not None:
+            book.record_service(f"n{i}", "eng", "m", service)
+    ranking.sort(key=lambda c: (c.score, c.node))
+    return book, view, ranking
+
+
+@settings(max_examples=150, deadline=None)
+@given(cold_candidates, st.integers(100, 20000))
+def test_slot_awareness_with_the_ranking_off_is_the_specs_split_exactly(specs, tokens):
+    """poolTtftRanking 0 with poolSlotAwareness 1: the pipeline is the spec's, with or without
+    the predicted-TTFT stage installed (a full candidate goes behind every free one)."""
+    book, view, ranking = stated_setup(specs)
+    node = make_node(book, view)
+    on = cfg(False, poolSlotAwareness=1)
+    got, sections = run_stages([cls(node) for cls in ALL], list(ranking), ctx(on, tokens), [])
+    spec, spec_sections = run_stages([cls(node) for cls in ALL if cls is not PredictedTtftStage], list(ranking),
+                                     ctx(on, tokens), [])
+    assert [c.node for c in got] == [c.node for c in spec]
+    assert sections.get("slots") == spec_sections.get("slots") and "kept" not in (sections.get("slots") or {})
+
+
+@settings(max_examples=200, deadline=None)
+@given(cold_candidates, st.integers(100, 20000))
+def test_with_the_ranking_on_a_full_candidate_stays_ahead_only_when_it_predicts_sooner_than_every_free_one(
+        specs, tokens):
+    book, view, ranking = stated_setup(specs)
+    node = make_node(book, view)
+    context = ctx(cfg(True, poolSlotAwareness=1), tokens)
+    ttft, slots_stage = PredictedTtftStage(node), SlotsStage(node)
+    ordered, _ = ttft.apply(list(ranking), context)
+    out, section = slots_stage.apply(list(ordered), context)
+    predicted = context.scratch["ttft_predicted"]
+    slots = {id(c): c.peer.last_capabilities.get("ollamaSlots") for c in ranking}
+    full = [c for c in ordered if slots[id(c)] is not None and c.in_flight >= slots[id(c)]]
+    free = [c for c in ordered if slots[id(c)] is not None and c.in_flight < slots[id(c)]]
+    kept = [c for c in full if predicted[id(c)] is not None and free
+            and all(predicted[id(f)] is not None and predicted[id(c)] < predicted[id(f)] for f in free)]
+    demoted = [c for c in full if c not in kept] if free else []
+    assert sorted(c.node for c in out) == sorted(c.node for c in ranking)
+    # every demoted candidate is behind every other one; the rest keep the ranking's order
+    assert out == [c for c in ordered if c not in demoted] + [c for c in ordered if c in demoted]
+    if section is not None:
+        assert [d["node"] for d in section["demoted"]] == [c.node for c in demoted]
+        assert [k["node"] for k in section.get("kept", [])] == [c.node for c in out if c in kept]
+        assert all(k["predictedMs"] == predicted[id(c)] for k, c in zip(section.get("kept", []),
+                                                                          [c for c in out if c in kept], strict=True))
+
+
+def test_a_busy_engine_nothing_states_the_slots_of_is_priced_as_one_slot():
+    """The cold trace untouched: the warm node's Ollama states no slot count; two requests in
+    flight there wait two service times, against a 30 s load anywhere else."""
+    book, view = SpeedBook(), ResidencyView()
+    for name in ("warm", "cold"):
+        book.record_read(name, "eng", "m", 1000, 500)
+    book.record_service("warm", "eng", "m", 4000)
+    view.set("warm", "eng", ["m"])
+    view.set("cold", "eng", [])
+    cold, warm = peer(0, 0, None), peer(1, 2, None)
+    cold.node, warm.node = "cold", "warm"
+    out, section = PredictedTtftStage(make_node(book, view)).apply([cold, warm], ctx(cfg(True), 2000))
+    by = {p["node"]: p for p in section["predictions"]}
+    assert by["warm"]["waitMs"] == 8000 and by["warm"]["slots"] is None
+    assert by["cold"]["loadMs"] == 30_000
+    assert [c.node for c in out] == ["warm", "cold"]
