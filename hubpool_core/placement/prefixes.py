@@ -61,14 +61,17 @@ def prompt_bytes(body: Mapping[str, Any]) -> bytes:
 def _text(value: Any) -> str:
     if isinstance(value, str):
         return value
-    return json.dumps(_without_marks(value), ensure_ascii=False, separators=(",", ":"), sort_keys=True, default=str)
+    return json.dumps(without_cache_marks(value), ensure_ascii=False, separators=(",", ":"), sort_keys=True,
+                      default=str)
 
 
-def _without_marks(value: Any) -> Any:
+def without_cache_marks(value: Any) -> Any:
+    """``value`` without its ``cache_control`` marks: a client moves them between turns, and the
+    prompt they mark is the same."""
     if isinstance(value, dict):
-        return {k: _without_marks(v) for k, v in value.items() if k != "cache_control"}
+        return {k: without_cache_marks(v) for k, v in value.items() if k != "cache_control"}
     if isinstance(value, list):
-        return [_without_marks(v) for v in value]
+        return [without_cache_marks(v) for v in value]
     return value
 
 

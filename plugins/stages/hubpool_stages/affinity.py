@@ -20,6 +20,7 @@ from typing import Any
 from hubpool_core import Stage
 from hubpool_core.config import parse_decimal
 from hubpool_core.models_ids import fold_model_id
+from hubpool_core.placement.prefixes import without_cache_marks
 from hubpool_stages.contention import blocking_work, contention_on, reloaded_for_another_window
 
 #: Most session keys held; the least recently placed is dropped first.
@@ -69,7 +70,7 @@ def prompt_head(route_class: str, body: Mapping[str, Any], route: str | None = N
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             return None
-        return _without_cache_marks({"system": body.get("system"), "first": messages[:1]})
+        return without_cache_marks({"system": body.get("system"), "first": messages[:1]})
     if route == "/v1/responses":
         items = body.get("input")
         if isinstance(items, list):
@@ -92,14 +93,6 @@ def prompt_head(route_class: str, body: Mapping[str, Any], route: str | None = N
     if not system and not prompt:
         return None
     return {"system": system, "prompt": prompt}
-
-
-def _without_cache_marks(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _without_cache_marks(v) for k, v in value.items() if k != "cache_control"}
-    if isinstance(value, list):
-        return [_without_cache_marks(v) for v in value]
-    return value
 
 
 def _is_system(message: Any) -> bool:
