@@ -191,8 +191,10 @@ class Run:
         assert not slow, slow[:3]
         for op in failed_over:
             reason = rows[op.rid]["attempts"][0]["reason"] or ""
-            assert reason == f"No response headers within {BUDGET_MS}ms" or reason.startswith("fetch failed"), \
-                rows[op.rid]
+            # a flap can also fall between a stream's headers and its first token: the entry
+            # commits at the first token (poolStreamFirstToken), so that too is failed over
+            assert reason in (f"No response headers within {BUDGET_MS}ms", f"no first token within {BUDGET_MS}ms") \
+                or reason.startswith("fetch failed"), rows[op.rid]
         # nothing signed refused: no refusal logged, every pairing still signed, no probe unauthorized
         refusals = {n: REFUSALS.findall(self._log_since(n)) for n in NAMES}
         assert not any(refusals.values()), refusals
