@@ -63,9 +63,9 @@ def test_built_in_traces_are_seeded_and_shaped():
     assert all(r.model == "cold" for r in cold.requests) and cold.extra["warmNode"] == 1
 
 
-def test_a_session_turn_extends_the_one_before_and_sessions_differ():
-    turns = [TraceRequest(0, 6000, 10, session="s"), TraceRequest(0, 6500, 10, session="s"),
-             TraceRequest(0, 7400, 10, session="s")]
+def _session_prompts(turns: list[TraceRequest]) -> list[str]:
+    """Each turn of one session rendered as the replayer sends it, each checked to open with the
+    system message and to be as long as its trace says (four characters a token)."""
     sizes: list[int] = []
     prompts = []
     for i, turn in enumerate(turns):
@@ -74,6 +74,13 @@ def test_a_session_turn_extends_the_one_before_and_sessions_differ():
         sizes.append(turn.prompt_tokens)
         assert messages[0]["role"] == "system"
         assert len("".join(m["content"] for m in messages)) == turn.prompt_tokens * 4
+    return prompts
+
+
+def test_a_session_turn_extends_the_one_before_and_sessions_differ():
+    turns = [TraceRequest(0, 6000, 10, session="s"), TraceRequest(0, 6500, 10, session="s"),
+             TraceRequest(0, 7400, 10, session="s")]
+    prompts = _session_prompts(turns)
     assert prompts[2].startswith(prompts[1][:-1]) and prompts[1].startswith(prompts[0][:-1])
     other = rendered(messages_for(TraceRequest(0, 6000, 10, session="t"), 0, []))
     assert other[:200] != prompts[0][:200]
@@ -147,13 +154,7 @@ def test_the_fleet_trace_shares_one_head_across_sessions_and_each_session_extend
     assert {r.prefix for r in fleet.requests} == {"fleet-agent-2"} and fleet.slo_ms == 10_000
     heads, firsts = set(), []
     for turns in sessions.values():
-        sizes: list[int] = []
-        prompts = []
-        for i, turn in enumerate(turns):
-            messages = messages_for(turn, i, list(sizes))
-            prompts.append(rendered(messages))
-            sizes.append(turn.prompt_tokens)
-            assert len("".join(m["content"] for m in messages)) == turn.prompt_tokens * 4
+        prompts = _session_prompts(turns)
         assert all(b.startswith(a[:-1]) for a, b in zip(prompts, prompts[1:], strict=False))
         firsts.append(prompts[0])
         heads.add(rendered(messages_for(turns[0], 0, [])[:2]))

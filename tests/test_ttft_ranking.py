@@ -66,18 +66,23 @@ def boxes(tmp_path):
             n.stop()
 
 
-def test_the_idle_slow_box_gives_way_to_the_fast_box_with_two_in_flight(boxes):
-    a, b, fast = boxes
-    # measured once each: the slow box's own engine, and the fast box through a pin
+def _measured_then_fast_box_busy(a, b) -> list[threading.Thread]:
+    """Each box measured once (the slow box's own engine, and the fast box through a pin), then
+    two long answers started on the fast box by its own apps: the threads carrying them."""
     assert ask(a, 1200).headers["x-hub-pool-served-by"] == "local"
     op(a, "POST", "/pins", {"scope": "default", "targetKind": "peer", "targetPeerId": a.node.peers.by_fqdn(
         fqdn("hub-b")).id})
     assert ask(a, 1200).headers["x-hub-pool-served-by"] == fqdn("hub-b")
     op(a, "DELETE", "/pins?scope=default")
-    # two long answers in flight on the fast box, sent by its own apps
     held = [threading.Thread(target=ask, args=(b, 100), kwargs={"max_tokens": 1000}) for _ in range(2)]
     for t in held:
         t.start()
+    return held
+
+
+def test_the_idle_slow_box_gives_way_to_the_fast_box_with_two_in_flight(boxes):
+    a, b, fast = boxes
+    held = _measured_then_fast_box_busy(a, b)
     try:
         assert _until(lambda: fast.stats()["in_flight"] == 2)
         a.run(a.node.health.poll_once())  # the entry node sees them (the spec's poll)
@@ -171,14 +176,7 @@ def test_throughput_placement_off_stops_the_prediction_and_nothing_is_hashed(box
     import hubpool_stages.affinity as affinity
 
     a, b, fast = boxes
-    assert ask(a, 1200).headers["x-hub-pool-served-by"] == "local"
-    op(a, "POST", "/pins", {"scope": "default", "targetKind": "peer", "targetPeerId": a.node.peers.by_fqdn(
-        fqdn("hub-b")).id})
-    assert ask(a, 1200).headers["x-hub-pool-served-by"] == fqdn("hub-b")
-    op(a, "DELETE", "/pins?scope=default")
-    held = [threading.Thread(target=ask, args=(b, 100), kwargs={"max_tokens": 1000}) for _ in range(2)]
-    for t in held:
-        t.start()
+    held = _measured_then_fast_box_busy(a, b)
     heads = []
     real = affinity.prompt_head
     monkeypatch.setattr(affinity, "prompt_head", lambda *a_, **k: heads.append(1) or real(*a_, **k))
