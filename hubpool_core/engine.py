@@ -51,6 +51,8 @@ from typing import Any, ClassVar
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from hubpool_core.probe_http import ProbeClient
+
 OPENAI = "openai"
 NATIVE = "native"
 MESSAGES = "messages"
@@ -343,7 +345,10 @@ class Engine(ABC):
         extra: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
         hint = f"(is {self.product} running? {self.url_hint()})"
         try:
-            response = await http.get(self.base_url + path, headers=self.auth_headers(), **extra)
+            if isinstance(http, ProbeClient):  # the node's own probes: aiohttp's cost (probe_http)
+                response = await http.fast_get(self.base_url + path, self.auth_headers(), timeout)
+            else:
+                response = await http.get(self.base_url + path, headers=self.auth_headers(), **extra)
         except httpx.ConnectTimeout:
             return JsonAnswer(error=f"no connection to {self.base_url} within the probe timeout {hint}",
                               running=False)

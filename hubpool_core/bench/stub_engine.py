@@ -5,8 +5,8 @@ as little CPU as possible and the relay under test dominates what is measured. E
 answer is deterministic (fixed ids and timestamps) so two answers to the same request are
 byte-identical, which is what the byte-transparency check compares.
 
-Routes: ``GET /v1/models``, ``/api/tags``, ``/api/ps``, ``/api/version``, ``/health`` (the
-listings every dialect's probe reads), ``POST /v1/chat/completions`` (JSON, or SSE when
+Routes: ``GET /v1/models``, ``/api/tags``, ``/api/ps``, ``/api/version``, ``/health``,
+``/props`` (the listings every engine's probe reads), ``POST /v1/chat/completions`` (JSON, or SSE when
 ``"stream": true``), ``POST /v1/messages`` (Anthropic's Messages: JSON, or its event stream)
 and ``POST /api/chat`` (NDJSON unless ``"stream": false``). ``--version`` is what
 ``/api/version`` says: from 0.14.0 an Ollama plugin in front of it sends ``/v1/messages``
@@ -48,6 +48,8 @@ def _listing(path: str, version: str = "0.0.0-bench") -> bytes | None:
         return json.dumps({"version": version}).encode()
     if path == "/health":
         return b'{"status":"ok"}'
+    if path == "/props":  # the window and slot count an engine that states its slots reads
+        return json.dumps({"default_generation_settings": {"n_ctx": 8192}, "total_slots": 64}).encode()
     return None
 
 

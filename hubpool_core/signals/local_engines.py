@@ -1,17 +1,21 @@
 """This node's own engines: instances, the health snapshot, and the merged listing.
 
-Probes run through httpx (off the relay's hot path). With ``poolProbeSnapshotTtlMs`` at 0,
-the spec's default, every read probes live; with a TTL the snapshot is fresh, stale
-(served while a refresh runs behind the caller) or cold (the read waits at most the
-500 ms placement budget, shared across cold engines). /capabilities reads the same snapshot
-with a 20 s TTL and waits a cold probe out: its poller allows 15 s, and a budget missed
-there would advertise no engines to every peer until its next poll.
+Probes run through :class:`ProbeClient` (httpx's interface, aiohttp's cost for a probe's
+GETs). With ``poolProbeSnapshotTtlMs`` at 0, the spec's default, every read probes live;
+with a TTL the snapshot is fresh, stale (served while a refresh runs behind the caller) or
+cold (the read waits at most the 500 ms placement budget, shared across cold engines).
+/capabilities reads the same snapshot with a 20 s TTL and waits a cold probe out: its
+poller allows 15 s, and a budget missed there would advertise no engines to every peer
+until its next poll.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
+import ipaddress
 import logging
+import socket
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -21,6 +25,7 @@ import httpx
 
 from hubpool_core.engine import AGENT_DIALECTS, Engine, EngineConfig, ProbeResult
 from hubpool_core.models_ids import same_model
+from hubpool_core.probe_http import ProbeClient
 
 log = logging.getLogger("hubpool.engines")
 
@@ -82,14 +87,38 @@ async def _refused(base_url: str) -> bool:
     try:
         parts = urlsplit(base_url)
         port = parts.port or (443 if parts.scheme == "https" else 80)
+        family = _literal_family(parts.hostname or "")
+        if family is not None and _refused_at_once(family, parts.hostname or "", port):
+            return True
         async with asyncio.timeout(PROBE_TIMEOUT_S):
             _, writer = await asyncio.open_connection(parts.hostname, port)
+        writer.close()
     except ConnectionRefusedError:
         return True
     except (OSError, TimeoutError, ValueError):
         return False
-    writer.close()
     return False
+
+
+def _literal_family(host: str) -> socket.AddressFamily | None:
+    """The address family of ``host`` when it is an IP address, else ``None`` (a name)."""
+    try:
+        return socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    except ValueError:
+        return None
+
+
+def _refused_at_once(family: socket.AddressFamily, host: str, port: int) -> bool:
+    """Whether a non-blocking connect to an address is refused before it returns: on
+    loopback (an engine beside the node) the kernel answers the SYN inside the call. This
+    runs per request at poolProbeSnapshotTtlMs 0 for every absent engine, at a twentieth of
+    open_connection's CPU; ``False`` (not known yet) sends the caller the slow way."""
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setblocking(False)
+        code = sock.connect_ex((host, port))
+        if code == errno.EINPROGRESS:
+            code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        return code == errno.ECONNREFUSED
 
 
 class LocalEngines:
@@ -108,7 +137,7 @@ class LocalEngines:
     @property
     def http(self) -> httpx.AsyncClient:
         if self._http is None:
-            self._http = httpx.AsyncClient(timeout=PROBE_TIMEOUT_S, trust_env=False)
+            self._http = ProbeClient(timeout=PROBE_TIMEOUT_S)
         return self._http
 
     async def close(self) -> None:
