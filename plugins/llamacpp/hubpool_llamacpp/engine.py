@@ -11,12 +11,16 @@ import httpx
 from hubpool_core import (
     OPENAI,
     Engine,
+    JsonAnswer,
     ModelInfo,
     ProbeResult,
     ResidentModel,
     Timings,
     error_message,
 )
+
+#: what ``/health`` answers a loaded server, for a probe that ``/props`` settled
+HEALTHY = JsonAnswer(body={"status": "ok"}, status=200)
 
 #: llama-server's Prometheus gauges (``--metrics``): requests generating now, and requests
 #: that found every slot busy and wait for one.
@@ -36,8 +40,10 @@ class LlamacppEngine(Engine):
     states_slots = True
     agent_dialects_by = "probe"
     owned_by_names = frozenset({"llamacpp"})
-    #: whether the last probe got an HTTP answer: only then are its three reads sent together
+    #: whether the last probe got an HTTP answer: only then are its reads sent together
     _answered = False
+    #: whether the last probe's ``/props`` answered: only then can it stand for ``/health``
+    _props_answer = False
 
     #: Error texts that are a verdict on the request (spec: "A request no node can serve").
     #: First match wins, so the at-once verdicts come before the ones that wait for a second
@@ -63,16 +69,26 @@ class LlamacppEngine(Engine):
     )
 
     async def probe(self, http: httpx.AsyncClient) -> ProbeResult:
-        """Check ``/health``, list ``/v1/models`` and read the window and slots from
-        ``/props`` (a build without ``/props`` falls back to the trained window), all three
-        side by side: a live probe per request (poolProbeSnapshotTtlMs 0, the spec's default)
-        waits one round trip, not two. ``/health`` is judged first, as before. A server that did
-        not answer last time is asked ``/health`` alone first: an absent engine costs one refused
-        connection per probe, not three."""
+        """List ``/v1/models`` and read the window and slots from ``/props`` (a build without
+        ``/props`` falls back to the trained window) side by side, and judge ``/health`` when
+        they do not settle it: a live probe per request (poolProbeSnapshotTtlMs 0, the spec's
+        default) waits one round trip, not two, and asks two routes, not three.
+
+        ``/props`` answering 200 settles it: llama-server answers everything but the model
+        listing with 503 ("Loading model") until the weights are in memory, so ``/health``
+        would say 200 too. When ``/props`` does not answer (a build without it, a server that
+        is loading, anything else) ``/health`` is judged first, as before; a build seen without
+        ``/props`` is asked all three at once. A server that did not answer last time is asked
+        ``/health`` alone first: an absent engine costs one refused connection per probe."""
         try:
             listing: Any = None
             props: Any = None
-            if self._answered:
+            if self._answered and self._props_answer:
+                listing, props = await asyncio.gather(self.openai_models(http), self._props(http),
+                                                      return_exceptions=True)
+                settled = not isinstance(props, BaseException) and props[0]
+                health = HEALTHY if settled else await self.get_json(http, "/health")
+            elif self._answered:
                 health_read, listing, props = await asyncio.gather(
                     self.get_json(http, "/health"), self.openai_models(http), self._props(http),
                     return_exceptions=True)
@@ -105,7 +121,7 @@ class LlamacppEngine(Engine):
                 return other
             if isinstance(props, BaseException):
                 raise props
-            n_ctx, slots = props
+            self._props_answer, n_ctx, slots = props
             models = tuple(
                 ModelInfo(
                     id=e["id"],
@@ -197,20 +213,20 @@ class LlamacppEngine(Engine):
         slots = [s for s in answer.body if isinstance(s, Mapping)]
         return sum(1 for s in slots if s.get("is_processing") is True), len(slots)
 
-    async def _props(self, http: httpx.AsyncClient) -> tuple[int | None, int | None]:
-        """(per-slot window, slot count) from ``/props``, the count from ``/slots`` when
-        ``/props`` has none; (None, None) when unreadable."""
+    async def _props(self, http: httpx.AsyncClient) -> tuple[bool, int | None, int | None]:
+        """(whether ``/props`` answered 200 with an object, per-slot window, slot count), the
+        count from ``/slots`` when ``/props`` has none; (False, None, None) when unreadable."""
         answer = await self.get_json(http, "/props")
         body = answer.body if answer.ok else None
         if not isinstance(body, Mapping):
-            return None, None
+            return False, None, None
         settings = body.get("default_generation_settings")
         n_ctx = _positive_int(settings.get("n_ctx")) if isinstance(settings, Mapping) else None
         total = _positive_int(body.get("total_slots"))
         if total is None:
             busy = await self._busy_slots(http)
             total = _positive_int(busy[1]) if busy else None
-        return n_ctx, total
+        return True, n_ctx, total
 
 
 def _positive_int(value: Any) -> int | None:

@@ -90,6 +90,43 @@ def test_probe_while_loading():
     assert "loading model" in old_build.error
 
 
+def test_a_steady_probe_asks_the_listing_and_props_not_health():
+    """Once /props has answered, a probe (one per request at poolProbeSnapshotTtlMs 0) is two
+    GETs: llama-server answers /props only with the model loaded, as /health would."""
+    probing = engine()
+    assert run(probing.probe(serving(healthy_routes()))).healthy  # the first: /health alone, then the rest
+    seen = []
+    again = run(probing.probe(serving(healthy_routes(), seen)))
+    assert again.healthy and again.slots == 2 and again.models[0].context_window == 1024
+    assert sorted(r.url.path for r in seen) == ["/props", "/v1/models"]
+
+
+def test_a_steady_probe_of_a_server_reloading_judges_health():
+    """Restarted with another model and loading it: llama-server lets the listing through and
+    answers /props and /health 503 "Loading model"; the probe asks /health and says so."""
+    probing = engine()
+    assert run(probing.probe(serving(healthy_routes()))).healthy
+    loading = (503, load("health_loading.json"))
+    seen = []
+    result = run(probing.probe(serving(healthy_routes(health=loading, props=loading), seen)))
+    assert result.running and not result.healthy and "loading model" in result.error
+    assert "/health" in {r.url.path for r in seen}
+    back = run(probing.probe(serving(healthy_routes())))  # loaded: /props answers again
+    assert back.healthy
+
+
+def test_a_build_without_props_keeps_asking_health_beside_the_listing():
+    probing = engine()
+    routes = healthy_routes(props=NOT_FOUND)
+    assert run(probing.probe(serving(routes))).healthy
+    seen = []
+    again = run(probing.probe(serving(routes, seen)))
+    assert again.healthy and again.models[0].context_window == 1024
+    assert sorted(r.url.path for r in seen) == ["/health", "/props", "/v1/models"]  # one round trip
+    down = run(probing.probe(serving(healthy_routes(props=NOT_FOUND, health=(500, {"error": "boom"})))))
+    assert not down.healthy
+
+
 def test_probe_other_503():
     result = run(engine().probe(serving({"/health": (503, {"error": {"message": "no slot available"}})})))
     assert result.running and not result.healthy and "no slot available" in result.error
