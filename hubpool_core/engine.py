@@ -51,7 +51,7 @@ from typing import Any, ClassVar
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from hubpool_core.probe_http import ProbeClient
+from hubpool_core.probe_http import FastAnswer, ProbeClient
 
 OPENAI = "openai"
 NATIVE = "native"
@@ -344,6 +344,7 @@ class Engine(ABC):
         """
         extra: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
         hint = f"(is {self.product} running? {self.url_hint()})"
+        response: FastAnswer | httpx.Response
         try:
             if isinstance(http, ProbeClient):  # the node's own probes: aiohttp's cost (probe_http)
                 response = await http.fast_get(self.base_url + path, self.auth_headers(), timeout)
