@@ -1,8 +1,8 @@
 """Issue 27's placement mechanisms through three running nodes on equal boxes (docs/placement.md):
 shared-prefix placement (a block-hash index of what each engine was sent: a new session of a
 fleet goes where its shared head is held) and spreading sessions (a new session whose best
-predictions tie goes to the engine holding the fewest, not to the entry node's head start).
-Engines are llama-server-shaped simulators of one speed, reporting slots and timings, on a
+predictions tie goes to the engine holding the fewest for its slots, not to the entry node's
+head start), and the hop a peer costs priced into its prediction. Engines are llama-server-shaped simulators of one speed, reporting slots and timings, on a
 clock ten times faster than real time."""
 
 from __future__ import annotations
@@ -64,10 +64,23 @@ def three_slow_poll(tmp_path):
     yield from started_three(tmp_path, {"HUB_POOL_DEV_HEALTH_POLL_SECONDS": "300", "HUB_POOL_DEV_LOAD_POLL_MS": "100"})
 
 
-def started_three(tmp_path, environ):
+@pytest.fixture
+def unequal_slots(tmp_path):
+    """The same, but hub-a and hub-b run four slots and hub-c one: three engines of one speed."""
+    yield from started_three(tmp_path, {"HUB_POOL_DEV_HEALTH_POLL_SECONDS": "1"}, {"hub-a": 4, "hub-b": 4, "hub-c": 1})
+
+
+@pytest.fixture
+def distant_peers(tmp_path):
+    """Three equal boxes whose peers' round trips count a hundredfold on the engines' clock
+    (HUB_POOL_DEV_CLOCK_SPEEDUP=100): a loopback hop priced as a distant peer's."""
+    yield from started_three(tmp_path, {"HUB_POOL_DEV_HEALTH_POLL_SECONDS": "1", "HUB_POOL_DEV_CLOCK_SPEEDUP": "100"})
+
+
+def started_three(tmp_path, environ, slots=None):
     with ExitStack() as stack:
         sims = {n: stack.enter_context(run_in_thread(SimConfig(
-            flavor="llamacpp", slots=2, prefill_tps=2000, decode_ms_per_token=20, timings=True, prompt_cache=True,
+            flavor="llamacpp", slots=(slots or {}).get(n, 2), prefill_tps=2000, decode_ms_per_token=20, timings=True, prompt_cache=True,
             time_scale=0.1, name=n, models=[SimModel(MODEL, window=131072)]))) for n in NAMES}
         nodes = make_pool(tmp_path, NAMES, environ=environ,
                           per_node={n: {"LLAMACPP_URL": sims[n].url} for n in NAMES})
@@ -161,3 +174,47 @@ def test_a_busy_node_learns_its_peers_load_sub_second_not_at_the_next_poll(three
     finally:
         for t in held:
             t.join()
+
+
+def test_a_new_session_goes_by_sessions_held_per_slot_not_to_the_smallest_box(unequal_slots):
+    """hub-a has sent two sessions to each 4-slot engine and one to hub-c's single slot. Counted
+    whole, hub-c held the fewest and took the next session, evicting the one it held; per slot
+    it is the fullest, and the tie goes to a half-empty engine (the entry node's own first)."""
+    nodes, sims = unequal_slots
+    a = nodes["hub-a"]
+    targets = [("peer", "hub-b"), ("peer", "hub-b"), ("peer", "hub-c"), ("local", "hub-a")]
+    for i, (kind, name) in enumerate(targets):
+        pin = {"scope": "default", "targetKind": kind}
+        if kind == "peer":
+            pin["targetPeerId"] = a.node.peers.by_fqdn(fqdn(name)).id
+        op(a, "POST", "/pins", pin)
+        r = chat(a, [{"role": "system", "content": text(f"placed {i}", 1500)}, {"role": "user", "content": "go"}])
+        assert served(r) == name
+    op(a, "DELETE", "/pins?scope=default")
+    r = chat(a, [{"role": "system", "content": text("the next session", 1500)}, {"role": "user", "content": "go"}])
+    section = row(a, r)["ttft"]
+    spread = dict(zip(section["spread"]["tied"], section["spread"]["sessions"], strict=True))
+    assert spread == {"local": 2, fqdn("hub-b"): 2, fqdn("hub-c"): 1}  # what hub-a sent each
+    assert section["spread"]["tied"][-1] == fqdn("hub-c")  # one of one slot: the fullest
+    assert served(r) == "hub-a"
+    assert sims["hub-c"].stats()["by_path"].get("/v1/chat/completions") == 2  # its warm-up, the pinned one
+
+
+def test_a_short_prompt_a_peer_holds_stays_local_when_the_hop_costs_more_than_reading_it(distant_peers):
+    """hub-b holds a short session's prompt; hub-a's own idle engine reads it in milliseconds, and
+    the hop to hub-b (timed on the polls) costs more than that: the request stays local, where a
+    prediction without the hop sent it to the peer holding the cache."""
+    nodes, _ = distant_peers
+    a = nodes["hub-a"]
+    b_id = a.node.peers.by_fqdn(fqdn("hub-b")).id
+    assert a.node.hops.wall_ms(b_id) is not None  # the polls timed it
+    messages = [{"role": "user", "content": "hello there"}]
+    op(a, "POST", "/pins", {"scope": "default", "targetKind": "peer", "targetPeerId": b_id})
+    assert served(chat(a, messages)) == "hub-b"
+    op(a, "DELETE", "/pins?scope=default")
+    r = chat(a, messages)
+    predictions = {p["node"]: p for p in row(a, r)["ttft"]["predictions"]}
+    held, own = predictions[fqdn("hub-b")], predictions["local"]
+    assert held["cachedTokens"] > 0 and held["prefillMs"] == 0  # hub-b holds the whole prompt
+    assert own["hopMs"] == 0 and held["hopMs"] > own["prefillMs"] and held["predictedMs"] >= held["hopMs"]
+    assert served(r) == "hub-a"

@@ -26,6 +26,7 @@ from hubpool_core.peering.peers import PeerRepo
 from hubpool_core.peering.tailnet import Tailnet, peer_url_overrides
 from hubpool_core.placement import TIER_RANK, Load
 from hubpool_core.placement.handout import effective_ceiling
+from hubpool_core.placement.hops import HopTimes
 from hubpool_core.placement.quarantine import Quarantine
 from hubpool_core.placement.speed import ResidencyView, SpeedBook
 from hubpool_core.placement.throughput import ThroughputStore
@@ -98,6 +99,8 @@ class Node:
         #: what predicted time to first token reads: measured speed, load times, residency
         self.speed = SpeedBook()
         self.residency = ResidencyView()
+        #: each peer's signed round trip, timed on the polls: what a prediction adds for the hop
+        self.hops = HopTimes(env_int(env.dev_clock_speedup, minimum=1, maximum=100) or 1)
         self.residency_sampler = ResidencySampler(self.local, self.residency, lambda: self.health.poll_s)
         self.output_quarantine = Quarantine()
         #: which node and engine hold each stored Responses-API answer (previous_response_id)

@@ -206,10 +206,12 @@ class HealthPoller:
 
     async def _load_probe(self, row: PoolPeer, budget: float) -> None:
         try:
+            started = time.perf_counter()
             async with asyncio.timeout(budget):
-                answer = await self.node.peer_client.call(row, "GET", P + "/capabilities", timeout=budget)
+                answer = await self.node.peer_client.get_fast(row, P + "/capabilities", timeout=budget)
+            self._note_hop(row.id, answer.status_code, started)
             data = answer.json() if answer.status_code == 200 else None
-        except (PeerAuthError, httpx.HTTPError, TimeoutError, ValueError, RecursionError):
+        except (PeerAuthError, httpx.HTTPError, httpx.InvalidURL, TimeoutError, ValueError, RecursionError):
             return
         count = data.get("inFlightRequests") if isinstance(data, dict) else None
         if isinstance(count, int) and not isinstance(count, bool) and 0 <= count <= 1_000_000:
@@ -317,10 +319,11 @@ class HealthPoller:
         offset = getattr(self.node, "clock_offset_ms", 0)
         no_credential = False
         try:
-            sent = clock_ms(offset)
+            sent, started = clock_ms(offset), time.perf_counter()
             # httpx's timeout is per phase; the budget is for the whole probe
             async with asyncio.timeout(budget):
                 answer = await self.node.peer_client.call(row, "GET", P + "/capabilities", timeout=budget)
+            self._note_hop(row.id, answer.status_code, started)
             self._note_clock(row.id, answer.headers.get(CLOCK_HEADER), sent, clock_ms(offset))
             status, refusal = answer.status_code, answer.headers.get(REFUSAL_HEADER)
             engine_marked = "x-hub-pool-backend" in answer.headers
@@ -354,6 +357,12 @@ class HealthPoller:
             # the database is down (the repo marked it; /status says so): the probe's answer
             # is not recorded, and routing keeps the row it holds in memory until it is back
             log.debug("probe of %s not recorded: the database is unreachable", row.node_fqdn)
+
+    def _note_hop(self, peer_id: str, status: int, started: float) -> None:
+        """An answered signed call's round trip: the hop a forward to this peer pays."""
+        hops = getattr(self.node, "hops", None)
+        if status == 200 and hops is not None:
+            hops.record(peer_id, (time.perf_counter() - started) * 1000)
 
     def _note_clock(self, peer_id: str, stated: str | None, sent_ms: int, received_ms: int) -> None:
         """The peer's clock against this node's, from the time it stated mid-answer."""

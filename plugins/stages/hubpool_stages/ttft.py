@@ -48,6 +48,10 @@ SCRATCH_CHAIN = "ttft_chain"
 #: best, and at least SPREAD_TIE_MS (two engines of one speed with free slots predict alike)
 SPREAD_TIE = 0.1
 SPREAD_TIE_MS = 250
+#: a prompt shorter than this is not spread: it re-reads in milliseconds on any engine, so keeping
+#: sessions' caches apart gains it nothing and the prediction (its hop included) decides
+#: (the spec's figure under which a read times fixed costs rather than the hardware)
+SPREAD_MIN_TOKENS = 1024
 
 
 def ranking_on(context: Any) -> bool:
@@ -61,7 +65,7 @@ class PredictedTtftStage(Stage):
 
     Section ``ttft`` (``None`` when fewer than two candidates have a prediction):
     ``{estimatedTokens, predictions: [{node, backend, predictedMs, waitMs, prefillMs, loadMs,
-    cachedTokens, inFlight, slots}], unmeasured: [node], moved}``; ``moved`` is whether the
+    hopMs, cachedTokens, inFlight, slots}], unmeasured: [node], moved}``; ``moved`` is whether the
     order differs from the queue-depth one.
     """
 
@@ -137,8 +141,11 @@ class PredictedTtftStage(Stage):
         prefill = tokens / speed.prefill_tps * 1000.0
         resident = self.resident(candidate, context.model)
         load = 0.0 if resident is not False else (speed.load_ms or DEFAULT_LOAD_MS)
-        return {"node": candidate.node, "backend": candidate.backend, "predictedMs": round(wait + prefill + load),
-                "waitMs": round(wait), "prefillMs": round(prefill), "loadMs": round(load),
+        hops = getattr(self.node, "hops", None)
+        hop = hops.engine_ms(candidate.peer_id) if hops is not None else 0.0
+        return {"node": candidate.node, "backend": candidate.backend,
+                "predictedMs": round(wait + prefill + load + hop),
+                "waitMs": round(wait), "prefillMs": round(prefill), "loadMs": round(load), "hopMs": round(hop),
                 "cachedTokens": cached, "inFlight": in_flight, "slots": slots,
                 "_slotMs": None if speed.service_ms is None else speed.service_ms / per}
 
@@ -171,7 +178,8 @@ class PredictedTtftStage(Stage):
         measured = sorted((out[i] for i in places), key=lambda c: (predictions[id(c)]["predictedMs"],
                                                                    out.index(c)))
         spread = None
-        if _on(context, "poolSessionSpread") and context.judged and found is not None:
+        if _on(context, "poolSessionSpread") and context.judged and found is not None \
+                and context.estimated_tokens >= SPREAD_MIN_TOKENS:
             measured, spread = self._spread(measured, predictions, out)
         result = list(out)
         for at, cand in zip(places, measured, strict=True):
@@ -187,17 +195,21 @@ class PredictedTtftStage(Stage):
     def _spread(self, measured: list[Any], predictions: dict[int, dict[str, Any] | None],
                 base: list[Any]) -> tuple[list[Any], dict[str, Any] | None]:
         """Among the candidates whose prediction ties with the best (within 10 %, and at least
-        250 ms), the engine holding the fewest sessions goes first: sessions spread by what
-        each engine already holds, not by the moment's queue or the local head start. The
-        holder of this session's own context predicts seconds less and is not in the tie."""
+        250 ms), the engine holding the fewest sessions for each slot it has goes first:
+        sessions spread by what each engine already holds, not by the moment's queue or the
+        local head start. The holder of this session's own context predicts seconds less and
+        is not in the tie. Per slot, because a 4-slot engine holding four prompts is no fuller
+        than a 1-slot engine holding one (counted whole, every new session went to the
+        smallest box: docs/placement.md)."""
         best = predictions[id(measured[0])]["predictedMs"]  # type: ignore[index]
         limit = best + max(SPREAD_TIE_MS, SPREAD_TIE * best)
         tied = [c for c in measured if predictions[id(c)]["predictedMs"] <= limit]  # type: ignore[index]
         if len(tied) < 2:
             return measured, None
         held = {id(c): self.prefixes.sessions(c.node, c.backend) for c in tied}
+        share = {id(c): held[id(c)] / (predictions[id(c)]["slots"] or 1) for c in tied}  # type: ignore[index]
         # within a tie the predictions are alike by definition: then the queue-depth order decides
-        ordered = sorted(tied, key=lambda c: (held[id(c)], base.index(c)))
+        ordered = sorted(tied, key=lambda c: (share[id(c)], base.index(c)))
         note = {"tied": [c.node for c in ordered], "sessions": [held[id(c)] for c in ordered]}
         return ordered + [c for c in measured if c not in tied], note
 

@@ -16,10 +16,12 @@ from hubpool_stages import (
     SlowerPlacementStage,
     ThroughputStage,
 )
+from hubpool_stages.ttft import SPREAD_MIN_TOKENS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hubpool_core.placement import Candidate, Load, PlacementContext, run_stages
+from hubpool_core.placement.hops import HopTimes
 from hubpool_core.placement.speed import ResidencyView, SpeedBook
 
 ALL = (PredictedTtftStage, PrefixAffinityStage, ContextCapStage, PromptCeilingStage, SlotsStage, ThroughputStage,
@@ -27,9 +29,9 @@ ALL = (PredictedTtftStage, PrefixAffinityStage, ContextCapStage, PromptCeilingSt
 ENGINE = SimpleNamespace(kind="eng", states_slots=True, renders_own_template=False, has_residency=False)
 
 
-def make_node(book, view=None):
+def make_node(book, view=None, hops=None):
     return SimpleNamespace(load=Load(), speed=book, residency=view or ResidencyView(), engine_by_kind={"eng": ENGINE},
-                           throughput=None, env=None)
+                           throughput=None, env=None, hops=hops or HopTimes())
 
 
 def cfg(on, **extra):
@@ -234,11 +236,20 @@ def test_the_new_settings_off_leave_the_ranking_as_it_was(specs, tokens, history
     assert [c.node for c in got] == [c.node for c in before] and section == before_section
 
 
+#: per candidate: the median round trip timed to it, wall ms (None: never timed)
+hop_lists = st.lists(st.one_of(st.none(), st.floats(0, 400)), max_size=6)
+
+
 @settings(max_examples=150, deadline=None)
-@given(candidates, st.integers(100, 20000), histories)
-def test_with_them_on_what_moves_is_by_prediction_and_ties_go_to_the_engine_holding_fewest(specs, tokens, history):
+@given(candidates, st.integers(100, 20000), histories, hop_lists, st.sampled_from([1, 10]))
+def test_with_them_on_what_moves_is_by_prediction_and_ties_go_to_the_engine_holding_fewest(specs, tokens, history,
+                                                                                          hops, speedup):
     book, ranking = setup(specs)
-    stage = PredictedTtftStage(make_node(book))
+    times = HopTimes(speedup)
+    for cand, hop in zip(ranking, hops, strict=False):
+        if hop is not None:
+            times.record(cand.peer_id, hop)
+    stage = PredictedTtftStage(make_node(book, hops=times))
     seeded(stage, ranking, history, tokens)
     context = long_ctx(cfg(True, poolPrefixIndex=1, poolSessionSpread=1), tokens)
     out, section = stage.apply(list(ranking), context)
@@ -251,18 +262,49 @@ def test_with_them_on_what_moves_is_by_prediction_and_ties_go_to_the_engine_hold
     if section is None:
         assert len(measured) < 2
         return
+    by = {p["node"]: p for p in section["predictions"]}
+    for c in measured:  # a peer's prediction carries its hop, on the engines' clock
+        part = by[c.node]
+        assert part["hopMs"] == round(times.engine_ms(c.peer_id))
+        assert abs(part["predictedMs"] - (part["waitMs"] + part["prefillMs"] + part["loadMs"] + part["hopMs"])) <= 2
     best = min(predicted[id(c)] for c in measured)
     assert predicted[id(measured[0])] <= best + max(250, 0.1 * best)  # the first is (tied with) the best
     spread = section.get("spread")
+    if tokens < SPREAD_MIN_TOKENS:
+        assert spread is None  # a short prompt is not spread: the prediction decides
     tied = len(spread["tied"]) if spread else 1
-    held = [stage.prefixes.sessions(c.node, "eng") for c in measured[:tied]]
-    assert held == sorted(held)
+    # within the tie, fewest sessions for each slot first: a 1-slot engine holding one is as full
+    # as a 4-slot engine holding four
+    share = [stage.prefixes.sessions(c.node, "eng") / (by[c.node]["slots"] or 1) for c in measured[:tied]]
+    assert share == sorted(share)
     rest = [predicted[id(c)] for c in measured[tied:]]
     assert rest == sorted(rest)
-    by = {p["node"]: p for p in section["predictions"]}
     for c in measured:  # an engine's cached tokens are what its index holds of this prompt
         assert by[c.node]["cachedTokens"] == min(stage.prefixes.held_tokens(c.node, "eng", context.scratch[
             "ttft_chain"]), tokens)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 4), st.integers(0, 4)), min_size=2, max_size=6), st.integers(1024, 20000))
+def test_idle_engines_of_one_speed_take_a_new_session_by_sessions_held_per_slot(boxes, tokens):
+    """Boxes of one speed, idle: every prediction ties, and the engine with the smallest share of
+    its slots holding sessions goes first (counted whole, the 1-slot box always won)."""
+    book = SpeedBook()
+    ranking = []
+    for i, (slots, _) in enumerate(boxes):
+        ranking.append(peer(i, 0, slots))
+        book.record_read(f"n{i}", "eng", "m", 1000, 1000 * 1000 / 1500)
+    stage = PredictedTtftStage(make_node(book))
+    for i, (slots, held) in enumerate(boxes):
+        for k in range(min(held, slots)):
+            stage.prefixes.remember(f"n{i}", "eng", block_chain(f"other {i} {k} ".encode() * 400, "m"), capacity=slots)
+    context = long_ctx(cfg(True, poolPrefixIndex=1, poolSessionSpread=1), tokens)
+    out, section = stage.apply(list(ranking), context)
+    share = {f"n{i}": min(held, slots) / slots for i, (slots, held) in enumerate(boxes)}
+    assert section["spread"]["tied"] == [c.node for c in out]
+    assert [share[c.node] for c in out] == sorted(share.values())
+    first = min(share.values())
+    assert out[0] is next(c for c in ranking if share[c.node] == first)  # then the queue-depth order
 
 
 @settings(max_examples=200, deadline=None)
