@@ -455,7 +455,8 @@ def overhead(pool: Pool, replayer: Replayer, variant: str, n: int) -> dict[str, 
         return None
     direct = Dispatcher("direct", {model: list(urls) for model, urls in pool.sims.items()})
     nginx = pool.dispatchers.get("nginx-least-conn")
-    measured: dict[str, list[tuple[str, float]]] = {"direct": [], "hub": [], "nginx": []}
+    #: (entry node, engine that served, real ms to the first token) per request and dispatcher
+    measured: dict[str, list[tuple[str, str, float]]] = {"direct": [], "hub": [], "nginx": []}
     for rnd in range(2):
         for entry in range(len(pool.nodes)):
             seq = Trace("overhead", [TraceRequest(0.0, 8, 1, entry=entry, session="seq", gap=0.0) for _ in range(n)])
@@ -463,22 +464,30 @@ def overhead(pool: Pool, replayer: Replayer, variant: str, n: int) -> dict[str, 
             for label, who in (reversed(whos) if rnd else whos):
                 got = replayer.run({"trace": seq.to_json(), "urls": who.urls, "models": MODELS,
                                     "scale": pool.scale, "deadlineS": 60})["requests"]
-                measured[label] += [(r.get("sim") or "?", r["realTtftMs"]) for r in got
+                measured[label] += [(pool.nodes[entry].name, r.get("sim") or "?", r["realTtftMs"]) for r in got
                                     if r["status"] == 200 and r.get("realTtftMs") is not None]
     base: dict[str, list[float]] = {}
-    for sim, ms in measured["direct"]:
+    for _, sim, ms in measured["direct"]:
         base.setdefault(sim, []).append(ms)
     medians = {sim: statistics.median(values) for sim, values in base.items()}
 
-    def added(label: str) -> list[float]:
-        return [ms - medians[sim] for sim, ms in measured[label] if sim in medians]
+    def added(label: str) -> list[tuple[str, str, float]]:
+        return [(name, sim, ms - medians[sim]) for name, sim, ms in measured[label] if sim in medians]
 
     hub_added, nginx_added = added("hub"), added("nginx")
-    return {"variant": variant, "addedP50Ms": _round2(percentile(hub_added, 50)),
-            "addedP95Ms": _round2(percentile(hub_added, 95)),
-            "hubpoolP50Ms": _round2(percentile([ms for _, ms in measured["hub"]], 50)),
-            "directP50Ms": _round2(percentile([ms for _, ms in measured["direct"]], 50)),
-            "nginxAddedP50Ms": _round2(percentile(nginx_added, 50)), "requests": len(hub_added)}
+    # entry node -> engine that served -> {requests, addedP50Ms}: a request placed on a peer
+    # crossed two nodes, and the figure says how many did
+    routes: dict[str, dict[str, list[float]]] = {}
+    for name, sim, ms in hub_added:
+        routes.setdefault(name, {}).setdefault(sim, []).append(ms)
+    served = {name: {sim: {"requests": len(v), "addedP50Ms": _round2(percentile(v, 50))} for sim, v in by.items()}
+              for name, by in routes.items()}
+    return {"variant": variant, "addedP50Ms": _round2(percentile([x[2] for x in hub_added], 50)),
+            "addedP95Ms": _round2(percentile([x[2] for x in hub_added], 95)),
+            "hubpoolP50Ms": _round2(percentile([x[2] for x in measured["hub"]], 50)),
+            "directP50Ms": _round2(percentile([x[2] for x in measured["direct"]], 50)),
+            "nginxAddedP50Ms": _round2(percentile([x[2] for x in nginx_added], 50)), "requests": len(hub_added),
+            "servedBy": served}
 
 
 def _round2(value: float | None) -> float | None:
