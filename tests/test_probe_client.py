@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+import time
 
 import httpx
 import pytest
@@ -17,7 +18,7 @@ from hubpool_ollama.engine import OllamaEngine
 
 from hubpool_core import EngineConfig
 from hubpool_core.engine import JsonAnswer
-from hubpool_core.probe_http import ProbeClient
+from hubpool_core.probe_http import FastAnswer, ProbeClient
 
 TIMEOUT_S = 0.5
 
@@ -200,3 +201,33 @@ def test_an_absent_engine_is_told_from_a_listening_one_without_the_stream_machin
         assert asyncio.run(_refused(listening)) is False
     finally:
         sock.close()
+
+
+def test_the_busy_load_poll_asks_a_peer_signed_through_aiohttp(tmp_path):
+    """Two paired nodes: the busy load poll's call (every poolLoadPollMs while a node is busy)
+    goes through aiohttp, signed, the peer verifies it and answers its in-flight count; the
+    round trip is kept as that peer's hop. A peer that is gone raises as httpx's call would."""
+    from contextlib import ExitStack
+
+    from harness import fqdn, make_pool, meshed
+
+    from hubpool_core.peering.client import PeerClient
+    from hubpool_sim import SimConfig, run_in_thread
+
+    with ExitStack() as stack:
+        sim = stack.enter_context(run_in_thread(SimConfig(flavor="ollama")))
+        nodes = make_pool(tmp_path, ["hub-a", "hub-b"], per_node={n: {"OLLAMA_URL": sim.url} for n in ("hub-a", "hub-b")})
+        a, b = meshed(stack, nodes, [])
+        row = a.node.peers.by_fqdn(fqdn("hub-b"))
+        answer = a.run(a.node.peer_client.get_fast(row, "/api/inference/pool/capabilities", 5.0))
+        assert isinstance(answer, FastAnswer)  # aiohttp's path, not httpx's
+        assert answer.status_code == 200 and isinstance(answer.json()["inFlightRequests"], int)
+        a.node.load.last_acquired = time.monotonic()  # placed just now: busy, so the poll runs
+        before = a.node.hops.readings(row.id)
+        a.run(a.node.health.load_tick())
+        assert a.node.hops.readings(row.id) == min(before + 1, 8) and a.node.hops.wall_ms(row.id) > 0
+        gone = PeerClient(a.node)
+        gone.base_url = lambda _fqdn: closed_port_url()  # type: ignore[method-assign]
+        with pytest.raises(httpx.ConnectError):
+            a.run(gone.get_fast(row, "/api/inference/pool/capabilities", 5.0))
+        a.run(gone.close())

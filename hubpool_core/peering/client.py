@@ -2,8 +2,10 @@
 
 Peers are dialled at https://<fqdn>; HUB_POOL_PEER_URLS maps names to other base URLs so
 several nodes can share one machine. ``auth_headers`` is the single place credentials are
-attached (protocol.md §2e "Outbound credential choice"). httpx is fine here: these are
-control calls, off the relay's hot path.
+attached (protocol.md §2e "Outbound credential choice"). httpx is fine for the control
+calls; the busy load poll, which asks every peer its in-flight count every poolLoadPollMs
+while the node is busy, goes through aiohttp (:meth:`PeerClient.get_fast`): through httpx it
+took more of a busy node's event loop than serving its requests did.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import httpx
 
 from hubpool_core.peering.peers import aware, open_token
 from hubpool_core.peering.signing import clock_ms, sign_headers
+from hubpool_core.probe_http import FastAnswer, ProbeClient
 from hubpool_core.store import PoolPeer
 
 log = logging.getLogger("hubpool.peers")
@@ -34,12 +37,12 @@ class PeerAuthError(Exception):
 class PeerClient:
     def __init__(self, node: Any):
         self.node = node
-        self._http: httpx.AsyncClient | None = None
+        self._http: ProbeClient | None = None
 
     @property
-    def http(self) -> httpx.AsyncClient:
+    def http(self) -> ProbeClient:
         if self._http is None:
-            self._http = httpx.AsyncClient(timeout=HANDSHAKE_TIMEOUT_S, trust_env=False)
+            self._http = ProbeClient(timeout=HANDSHAKE_TIMEOUT_S)
         return self._http
 
     async def close(self) -> None:
@@ -88,6 +91,12 @@ class PeerClient:
             bearer = await self.auth_headers(row, method, path, body, bearer_only=True)
             answer = await self._send(row.node_fqdn, method, path, body, bearer, timeout)
         return answer
+
+    async def get_fast(self, row: PoolPeer, path: str, timeout: float) -> FastAnswer:
+        """A signed GET read whole through aiohttp (status and body only): for calls made many
+        times a second. Failures raise as httpx's would, as :meth:`call`'s do."""
+        headers = await self.auth_headers(row, "GET", path, None)
+        return await self.http.fast_get(self.base_url(row.node_fqdn) + path, headers=headers, timeout=timeout)
 
     async def _send(self, fqdn: str, method: str, path: str, body: Any, headers: dict[str, str],
                     timeout: float) -> httpx.Response:
