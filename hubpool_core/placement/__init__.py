@@ -43,6 +43,7 @@ from hubpool_core.placement.plan import (
     Plan,
     place,
     place_inbound,
+    snapshot_and_place,
     snapshot_of,
 )
 
@@ -76,6 +77,7 @@ __all__ = [
     "resolve_auto",
     "run_stages",
     "same_model",
+    "snapshot_and_place",
     "snapshot_of",
     "usable_peers",
 ]
