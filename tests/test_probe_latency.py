@@ -131,11 +131,11 @@ def test_an_absent_engine_is_not_asked_its_agent_routes_on_every_request(tmp_pat
             assert len(asked) - before == 0, asked
 
 
-def test_at_ttl_0_a_ranking_made_beside_the_probes_gives_way_to_a_live_answer_that_differs(tmp_path):
-    """At TTL 0 the ranking runs on the engines' last answers while the live probes are out,
-    and stands only when every live answer equals the one it ranked on. An engine that
-    answered the last probe and is gone by this one is not tried: the request is refused as
-    having no candidate (what the live answer says), never sent to the engine and failed."""
+def test_at_ttl_0_an_engine_gone_since_the_last_request_is_not_tried(tmp_path):
+    """At TTL 0 the live probe decides, not the engine's last answer: an engine that served the
+    last request and is gone by this one is not tried. The request is refused as having no
+    candidate, not sent to the stopped engine and failed (the test a ranking made on the last
+    answers beside the probes must pass: docs/performance.md, "Tried and not kept")."""
     from hubpool_sim.server import ThreadedSimServer
 
     sim = ThreadedSimServer(SimConfig(flavor="llamacpp", slots=2, models=[SimModel(MODEL)])).start()
@@ -143,8 +143,6 @@ def test_at_ttl_0_a_ranking_made_beside_the_probes_gives_way_to_a_live_answer_th
         with RunningNode(tmp_path / "n", {"LLAMACPP_URL": sim.url}) as node:
             assert node.node.settings.current.poolProbeSnapshotTtlMs == 0
             assert wait_until(lambda: ask(node).status_code == 200, timeout=30)
-            # every engine has a last answer now: the next request is ranked beside its probes
-            assert node.node.local.last_answers(False) is not None
             assert ask(node).status_code == 200
             sim.stop()
             r = ask(node)

@@ -32,8 +32,9 @@ from hubpool_core.placement import (
     PlacementRequest,
     Plan,
     build_candidates,
+    place,
     resolve_auto,
-    snapshot_and_place,
+    snapshot_of,
     usable_peers,
 )
 from hubpool_core.placement import pool_offers as pool_offers  # re-exported: api/advice.py imports it here
@@ -145,7 +146,8 @@ async def routed(request: Request) -> Response:
     found = session_of(node.settings.current.poolSessionSources, request.headers, body)
     asked = PlacementRequest(route, dialect, route_class, model, body, raw, _wants_stream(dialect, route_class, body),
                              found[0] if found else None, found[1] if found else None)
-    snapshot, plan = await snapshot_and_place(node, asked)
+    snapshot = await snapshot_of(node)
+    plan = await place(snapshot, asked)
     if isinstance(plan, NoAutoModel):
         return error_response(dialect, 502, plan.message)
     held = node.response_homes.restrict(plan, body) if dialect == RESPONSES else None

@@ -43,7 +43,6 @@ from hubpool_core.placement.plan import (
     Plan,
     place,
     place_inbound,
-    snapshot_and_place,
     snapshot_of,
 )
 
@@ -77,7 +76,6 @@ __all__ = [
     "resolve_auto",
     "run_stages",
     "same_model",
-    "snapshot_and_place",
     "snapshot_of",
     "usable_peers",
 ]

@@ -164,44 +164,8 @@ async def snapshot_of(node: Any, *, inbound: bool = False, serving: tuple[str, s
         backends = await node.local.read(settings.poolProbeSnapshotTtlMs,
                                          engine_queue_depth=bool(settings.poolEngineQueueDepth))
         peers = usable_peers(node.peers.all(), node.directions().outbound.enabled)
-    return _snapshot(node, settings, backends, peers)
-
-
-def _snapshot(node: Any, settings: PoolSettings, backends: list[LocalBackend], peers: list[PoolPeer]) -> NodeSnapshot:
     return NodeSnapshot(settings, backends, peers, node.load, node.pressure.band, node.stages, node.budgets,
                         node.unservable.withheld_models, node.output_quarantine.withheld, node.local)
-
-
-async def snapshot_and_place(node: Any, request: PlacementRequest) -> tuple[NodeSnapshot, Plan | NoAutoModel]:
-    """An app's request: :func:`snapshot_of` then :func:`place`, with the ranking done while
-    the live probes are out.
-
-    At ``poolProbeSnapshotTtlMs`` 0 every local engine is probed live and nothing is sent
-    before the answers are in (the spec's rule, stall included), but ranking need not wait
-    behind them: it runs on the engines' last answers while the probes are on the wire, and
-    the plan stands only when every live answer equals the one it was ranked on (ranking
-    reads nothing else of them). Otherwise, and on a node that has no answer yet for every
-    engine, it is ranked again on the live answers (docs/performance.md, "The ranking beside
-    the live probe")."""
-    settings = node.settings.current
-    depth = bool(settings.poolEngineQueueDepth)
-    last = node.local.last_answers(depth) if settings.poolProbeSnapshotTtlMs <= 0 else None
-    if last is None:
-        snapshot = await snapshot_of(node)
-        return snapshot, await place(snapshot, request)
-    live = asyncio.ensure_future(node.local.read(0, engine_queue_depth=depth))
-    await asyncio.sleep(0)  # the probes' requests leave before the ranking takes the loop
-    peers = usable_peers(node.peers.all(), node.directions().outbound.enabled)
-    asked_model = request.body.get("model")
-    try:
-        guessed = await place(_snapshot(node, settings, last, peers), request)
-    finally:
-        backends = await live
-    snapshot = _snapshot(node, settings, backends, peers)
-    if all(a.snapshot.result == b.snapshot.result for a, b in zip(last, backends, strict=True)):
-        return snapshot, guessed
-    request.body["model"] = asked_model  # place() resolves an alias or auto in the body itself
-    return snapshot, await place(snapshot, request)
 
 
 async def place(snapshot: NodeSnapshot, request: PlacementRequest) -> Plan | NoAutoModel:

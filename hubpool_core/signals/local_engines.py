@@ -223,19 +223,6 @@ class LocalEngines:
             self._inflight[index] = task
         return task
 
-    def _last_seen_down(self, index: int) -> bool:
-        last = self._snapshots.get(index)
-        return last is not None and not last.result.running
-
-    def last_answers(self, engine_queue_depth: bool) -> list[LocalBackend] | None:
-        """Every engine with its last answer, as :meth:`read` would hand it over; ``None``
-        while one has never answered."""
-        snaps = [self._snapshots.get(i) for i in range(len(self.engines))]
-        if not self.engines or any(s is None for s in snaps):
-            return None
-        backends = [LocalBackend(e, s) for e, s in zip(self.engines, snaps, strict=True) if s is not None]
-        return backends if engine_queue_depth else self._without_queue_depth(backends)
-
     def last_snapshot(self, index: int) -> Snapshot | None:
         """The last answer engine ``index`` gave, however old; ``None`` before its first."""
         return self._snapshots.get(index)
@@ -290,12 +277,7 @@ class LocalEngines:
         if not self.engines:
             return []
         if ttl_ms <= 0:
-            # the engines that answered last time first: their requests leave before the
-            # absent engines' connects (synchronous, a fifth of a millisecond each) take the loop
-            tasks: dict[int, asyncio.Task] = {}
-            for i in sorted(range(len(self.engines)), key=self._last_seen_down):
-                tasks[i] = self._probe_task(i)
-            snaps = await asyncio.gather(*(tasks[i] for i in range(len(self.engines))))
+            snaps = await asyncio.gather(*(self._probe_task(i) for i in range(len(self.engines))))
             return [LocalBackend(e, s) for e, s in zip(self.engines, snaps, strict=True)]
         out: dict[int, Snapshot] = {}
         cold: dict[int, asyncio.Task] = {}
