@@ -13,6 +13,7 @@ from harness import RunningNode, make_pool, poll_until_offered, wait_until
 from harness import pair as pair_nodes
 
 from hubpool_sim import SimConfig, SimModel, run_in_thread
+from hubpool_sim.server import ThreadedSimServer
 
 MODEL = "chat:8b"
 
@@ -135,9 +136,8 @@ def test_at_ttl_0_an_engine_gone_since_the_last_request_is_not_tried(tmp_path):
     """At TTL 0 the live probe decides, not the engine's last answer: an engine that served the
     last request and is gone by this one is not tried. The request is refused as having no
     candidate, not sent to the stopped engine and failed (the test a ranking made on the last
-    answers beside the probes must pass: docs/performance.md, "Tried and not kept")."""
-    from hubpool_sim.server import ThreadedSimServer
-
+    answers beside the probes must pass: docs/performance.md, "Issue 27: ranking beside the
+    live probe, tried and not kept")."""
     sim = ThreadedSimServer(SimConfig(flavor="llamacpp", slots=2, models=[SimModel(MODEL)])).start()
     try:
         with RunningNode(tmp_path / "n", {"LLAMACPP_URL": sim.url}) as node:
