@@ -20,13 +20,15 @@ MODEL = "chat:8b"
 
 class HealthGate:
     """A TCP hop in front of an engine that holds every ``GET /health`` while closed (a probe
-    that does not come back), passing everything else through: the world, not the code."""
+    that does not come back), passing everything else through, and keeps the GETs' paths:
+    the world, not the code. A new connection goes to ``upstream_port`` as it is then."""
 
     def __init__(self, upstream_port: int):
         self.upstream_port = upstream_port
         self.open = threading.Event()
         self.open.set()
         self.held = 0
+        self.gets: list[str] = []
         self.loop = asyncio.new_event_loop()
         self.port = 0
         ready = threading.Event()
@@ -57,6 +59,8 @@ class HealthGate:
         task = asyncio.ensure_future(down())
         try:
             while data := await reader.read(65536):
+                if data.startswith(b"GET "):
+                    self.gets.append(data.split(b" ", 2)[1].decode())
                 if data.startswith(b"GET /health ") and not self.open.is_set():
                     self.held += 1
                     while not self.open.is_set():
@@ -76,9 +80,9 @@ class HealthGate:
         self.thread.join(5)
 
 
-def ask(node: RunningNode, timeout: float = 60.0) -> httpx.Response:
+def ask(node: RunningNode, timeout: float = 60.0, model: str = MODEL) -> httpx.Response:
     return httpx.post(node.url + "/v1/chat/completions", timeout=timeout, trust_env=False,
-                      json={"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+                      json={"model": model, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
 
 
 def test_a_forward_is_served_from_the_engines_last_answer_while_its_probe_is_held(tmp_path):
@@ -153,3 +157,32 @@ def test_at_ttl_0_an_engine_gone_since_the_last_request_is_not_tried(tmp_path):
             assert row["reason"] == "no candidate", row  # not "fetch failed (ECONNREFUSED)"
     finally:
         sim.stop()
+
+
+def test_at_ttl_0_a_steady_llama_server_is_probed_with_one_get_and_a_swap_is_seen(tmp_path):
+    """At TTL 0 every request probes llama-server live; once it has been listed, the probe is
+    ``GET /props`` alone while that names the same model file, alias and build (one of the
+    three GETs a request paid on a pool bench box; docs/performance.md). A server restarted on
+    the same address with another model is listed again on the next request."""
+    first = ThreadedSimServer(SimConfig(flavor="llamacpp", slots=2, models=[SimModel(MODEL)])).start()
+    second = ThreadedSimServer(SimConfig(flavor="llamacpp", slots=2, models=[SimModel("other:4b")])).start()
+    gate = HealthGate(first.port)
+    try:
+        with RunningNode(tmp_path / "n", {"LLAMACPP_URL": gate.url}) as node:
+            assert node.node.settings.current.poolProbeSnapshotTtlMs == 0
+            assert wait_until(lambda: ask(node).status_code == 200, timeout=30)
+            assert ask(node).status_code == 200
+            gate.gets.clear()
+            for _ in range(5):
+                assert ask(node).status_code == 200
+            asked = list(gate.gets)
+            assert asked.count("/props") >= 5, asked  # live, once per request
+            assert "/v1/models" not in asked and "/health" not in asked, asked
+            gate.upstream_port = second.port  # the same address, a server started with another model
+            first.stop()
+            assert wait_until(lambda: ask(node, model="other:4b").status_code == 200, timeout=30)
+            assert ask(node).status_code in (404, 502)  # the old model is no longer offered
+    finally:
+        gate.stop()
+        first.stop()
+        second.stop()

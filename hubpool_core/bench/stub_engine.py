@@ -48,8 +48,10 @@ def _listing(path: str, version: str = "0.0.0-bench") -> bytes | None:
         return json.dumps({"version": version}).encode()
     if path == "/health":
         return b'{"status":"ok"}'
-    if path == "/props":  # the window and slot count an engine that states its slots reads
-        return json.dumps({"default_generation_settings": {"n_ctx": 8192}, "total_slots": 64}).encode()
+    if path == "/props":  # the window and slot count an engine that states its slots reads, and
+        # the model file llama-server names beside them (its probe reuses a listing while it holds)
+        return json.dumps({"default_generation_settings": {"n_ctx": 8192}, "total_slots": 64,
+                           "model_path": f"/models/{MODELS[0]}", "build_info": "bench-stub"}).encode()
     return None
 
 

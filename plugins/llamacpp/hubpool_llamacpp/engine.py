@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,6 +28,10 @@ HEALTHY = JsonAnswer(body={"status": "ok"}, status=200)
 PROCESSING = "llamacpp:requests_processing"
 DEFERRED = "llamacpp:requests_deferred"
 
+#: how long a listing is reused while ``/props`` names the same server and model: a bound on
+#: metadata only ``/v1/models`` carries (the trained window, the file's size) going stale
+LISTING_REUSE_S = 30.0
+
 
 class LlamacppEngine(Engine):
     """llama-server at one base URL: ``/health`` says whether the model is loaded,
@@ -44,6 +49,10 @@ class LlamacppEngine(Engine):
     _answered = False
     #: whether the last probe's ``/props`` answered: only then can it stand for ``/health``
     _props_answer = False
+    #: the last healthy probe's listing, the ``/props`` identity it was read beside, and when
+    _listing: list[Mapping[str, Any]] | None = None
+    _identity: tuple[Any, ...] | None = None
+    _listed_at = 0.0
 
     #: Error texts that are a verdict on the request (spec: "A request no node can serve").
     #: First match wins, so the at-once verdicts come before the ones that wait for a second
@@ -69,21 +78,40 @@ class LlamacppEngine(Engine):
     )
 
     async def probe(self, http: httpx.AsyncClient) -> ProbeResult:
-        """List ``/v1/models`` and read the window and slots from ``/props`` (a build without
-        ``/props`` falls back to the trained window) side by side, and judge ``/health`` when
-        they do not settle it: a live probe per request (poolProbeSnapshotTtlMs 0, the spec's
-        default) waits one round trip, not two, and asks two routes, not three.
+        """Read ``/props`` for the window, the slots and whether the model is loaded, and
+        ``/v1/models`` for its name, and judge ``/health`` only when they do not settle it.
 
-        ``/props`` answering 200 settles it: llama-server answers everything but the model
+        A steady server is one GET: while ``/props`` names the same model file, alias and build
+        as when the listing was last read (and for at most :data:`LISTING_REUSE_S`), that
+        listing stands, since llama-server lists exactly the model it was started with. A live
+        probe per request (poolProbeSnapshotTtlMs 0, the spec's default) then costs one round
+        trip and one route. A ``/props`` that names nothing (router mode, older builds) has the
+        listing read beside it every time.
+
+        ``/props`` answering 200 settles health: llama-server answers everything but the model
         listing with 503 ("Loading model") until the weights are in memory, so ``/health``
         would say 200 too. When ``/props`` does not answer (a build without it, a server that
         is loading, anything else) ``/health`` is judged first, as before; a build seen without
         ``/props`` is asked all three at once. A server that did not answer last time is asked
         ``/health`` alone first: an absent engine costs one refused connection per probe."""
+        known = self._listing if time.monotonic() - self._listed_at <= LISTING_REUSE_S else None
+        result = await self._read(http, known, self._identity)
+        if not result.healthy:
+            self._listing = None  # whatever comes back up is listed afresh
+        return result
+
+    async def _read(self, http: httpx.AsyncClient, known: list[Mapping[str, Any]] | None,
+                    identity: tuple[Any, ...] | None) -> ProbeResult:
         try:
             listing: Any = None
             props: Any = None
-            if self._answered and self._props_answer:
+            if self._answered and self._props_answer and known is not None:
+                props = await self._props(http)
+                if props[0] and props[3] is not None and props[3] == identity:
+                    listing = known
+                settled = props[0]
+                health = HEALTHY if settled else await self.get_json(http, "/health")
+            elif self._answered and self._props_answer:
                 listing, props = await asyncio.gather(self.openai_models(http), self._props(http),
                                                       return_exceptions=True)
                 settled = not isinstance(props, BaseException) and props[0]
@@ -110,9 +138,11 @@ class LlamacppEngine(Engine):
                 return ProbeResult(running=True, healthy=False, error=error)
             if health.status != 200:  # a 200 that is not JSON still goes on to the listing
                 return health.unhealthy()
-            if listing is None:
+            if listing is None and props is None:
                 listing, props = await asyncio.gather(self.openai_models(http), self._props(http),
                                                       return_exceptions=True)
+            elif listing is None:
+                listing = await self.openai_models(http)
             if isinstance(listing, BaseException):
                 raise listing
             entries = listing
@@ -121,7 +151,11 @@ class LlamacppEngine(Engine):
                 return other
             if isinstance(props, BaseException):
                 raise props
-            self._props_answer, n_ctx, slots = props
+            self._props_answer, n_ctx, slots, named = props
+            if named is not None:
+                self._listing, self._identity = entries, named
+                if entries is not known:
+                    self._listed_at = time.monotonic()
             models = tuple(
                 ModelInfo(
                     id=e["id"],
@@ -213,20 +247,25 @@ class LlamacppEngine(Engine):
         slots = [s for s in answer.body if isinstance(s, Mapping)]
         return sum(1 for s in slots if s.get("is_processing") is True), len(slots)
 
-    async def _props(self, http: httpx.AsyncClient) -> tuple[bool, int | None, int | None]:
-        """(whether ``/props`` answered 200 with an object, per-slot window, slot count), the
-        count from ``/slots`` when ``/props`` has none; (False, None, None) when unreadable."""
+    async def _props(self, http: httpx.AsyncClient) -> tuple[bool, int | None, int | None, tuple[Any, ...] | None]:
+        """(whether ``/props`` answered 200 with an object, per-slot window, slot count, the
+        server it names), the count from ``/slots`` when ``/props`` has none; (False, None,
+        None, None) when unreadable. The name is the model file, alias and build, ``None`` when
+        it names neither file nor alias (router mode, older builds)."""
         answer = await self.get_json(http, "/props")
         body = answer.body if answer.ok else None
         if not isinstance(body, Mapping):
-            return False, None, None
+            return False, None, None, None
         settings = body.get("default_generation_settings")
         n_ctx = _positive_int(settings.get("n_ctx")) if isinstance(settings, Mapping) else None
         total = _positive_int(body.get("total_slots"))
         if total is None:
             busy = await self._busy_slots(http)
             total = _positive_int(busy[1]) if busy else None
-        return True, n_ctx, total
+        named = tuple(body.get(key) for key in ("model_path", "model_alias", "build_info"))
+        if not any(isinstance(value, str) and value for value in named[:2]):
+            return True, n_ctx, total, None
+        return True, n_ctx, total, named
 
 
 def _positive_int(value: Any) -> int | None:

@@ -90,15 +90,103 @@ def test_probe_while_loading():
     assert "loading model" in old_build.error
 
 
-def test_a_steady_probe_asks_the_listing_and_props_not_health():
-    """Once /props has answered, a probe (one per request at poolProbeSnapshotTtlMs 0) is two
-    GETs: llama-server answers /props only with the model loaded, as /health would."""
+def test_a_steady_probe_asks_props_alone():
+    """Once /props has answered beside a listing, a probe (one per request at
+    poolProbeSnapshotTtlMs 0) is one GET: llama-server answers /props only with the model
+    loaded, as /health would, and names the model file it lists."""
     probing = engine()
     assert run(probing.probe(serving(healthy_routes()))).healthy  # the first: /health alone, then the rest
     seen = []
     again = run(probing.probe(serving(healthy_routes(), seen)))
     assert again.healthy and again.slots == 2 and again.models[0].context_window == 1024
+    assert again.models[0].id == "tiny-llama" and again.models[0].size == 464640
+    assert [r.url.path for r in seen] == ["/props"]
+    props = load("props.json")
+    props["default_generation_settings"]["n_ctx"] = 2048
+    props["total_slots"] = 4
+    seen = []
+    fresh = run(probing.probe(serving(healthy_routes(props=(200, props)), seen)))
+    assert [r.url.path for r in seen] == ["/props"]
+    assert fresh.slots == 4 and fresh.models[0].context_window == 2048  # what /props says is read live
+
+
+def started_with(alias, path="/models/other.gguf"):
+    listing = load("models.json")
+    listing["data"][0]["id"] = alias
+    props = load("props.json")
+    props["model_alias"], props["model_path"] = alias, path
+    return healthy_routes(props=(200, props), **{"v1/models": (200, listing)})
+
+
+def test_a_server_restarted_with_another_model_is_listed_again_in_the_same_probe():
+    probing = engine()
+    assert run(probing.probe(serving(healthy_routes()))).healthy
+    assert run(probing.probe(serving(healthy_routes()))).healthy
+    seen = []
+    swapped = run(probing.probe(serving(started_with("other-model"), seen)))
+    assert swapped.healthy and [m.id for m in swapped.models] == ["other-model"]
+    assert [r.url.path for r in seen] == ["/props", "/v1/models"]
+    seen = []
+    assert [m.id for m in run(probing.probe(serving(started_with("other-model"), seen))).models] == ["other-model"]
+    assert [r.url.path for r in seen] == ["/props"]
+    # the same file under another alias, and the same alias for another file, are other servers
+    for routes in (started_with("renamed"), started_with("renamed", path="/models/third.gguf")):
+        seen = []
+        assert [m.id for m in run(probing.probe(serving(routes, seen))).models] == ["renamed"]
+        assert sorted(r.url.path for r in seen) == ["/props", "/v1/models"]
+    upgraded = engine()  # the same model on another build: listed again too
+    assert run(upgraded.probe(serving(healthy_routes()))).healthy
+    props = load("props.json")
+    props["build_info"] = "b2-upgraded"
+    seen = []
+    assert run(upgraded.probe(serving(healthy_routes(props=(200, props)), seen))).models[0].id == "tiny-llama"
     assert sorted(r.url.path for r in seen) == ["/props", "/v1/models"]
+
+
+def test_props_that_names_no_model_has_the_listing_read_every_time():
+    """Router mode and older builds: /props names no model file or alias, so nothing says the
+    listing still holds."""
+    props = load("props.json")
+    del props["model_alias"], props["model_path"]
+    routes = healthy_routes(props=(200, props))
+    probing = engine()
+    assert run(probing.probe(serving(routes))).healthy
+    for _ in range(2):
+        seen = []
+        assert run(probing.probe(serving(routes, seen))).healthy
+        assert sorted(r.url.path for r in seen) == ["/props", "/v1/models"]
+
+
+def test_a_listing_is_reused_for_a_bounded_time(monkeypatch):
+    import hubpool_llamacpp.engine as module
+
+    now = [1000.0]
+    monkeypatch.setattr(module.time, "monotonic", lambda: now[0])
+    probing = engine()
+    assert run(probing.probe(serving(healthy_routes()))).healthy
+    now[0] += module.LISTING_REUSE_S - 1
+    seen = []
+    assert run(probing.probe(serving(healthy_routes(), seen))).healthy
+    assert [r.url.path for r in seen] == ["/props"]  # reusing does not extend the bound
+    now[0] += 2
+    seen = []
+    assert run(probing.probe(serving(healthy_routes(), seen))).healthy
+    assert sorted(r.url.path for r in seen) == ["/props", "/v1/models"]
+
+
+def test_a_server_that_went_away_is_listed_afresh_when_it_is_back():
+    probing = engine()
+    assert run(probing.probe(serving(healthy_routes()))).healthy
+    assert not run(probing.probe(mock_http(raising(httpx.ConnectError)))).healthy
+    assert run(probing.probe(serving(healthy_routes()))).healthy  # /health alone first, then the rest
+    seen = []
+    assert run(probing.probe(serving(healthy_routes(), seen))).healthy
+    assert [r.url.path for r in seen] == ["/props"]
+    loading = (503, load("health_loading.json"))
+    assert not run(probing.probe(serving(healthy_routes(health=loading, props=loading)))).healthy
+    seen = []
+    assert run(probing.probe(serving(healthy_routes(), seen))).healthy
+    assert "/v1/models" in {r.url.path for r in seen}  # loaded again, and listed again
 
 
 def test_a_steady_probe_of_a_server_reloading_judges_health():
