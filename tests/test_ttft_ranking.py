@@ -112,6 +112,9 @@ def test_the_idle_slow_box_gives_way_to_the_fast_box_with_two_in_flight(boxes):
 def test_residency_and_load_time_are_advertised_and_a_cold_model_goes_to_the_warm_node(boxes):
     a, b, _ = boxes
     for n in (a, b):
+        # an engine never probed is sampled as unknown: at TTL 0 nothing probes hub-a's own
+        # engines until a request or hub-b's poll does, which raced the sample (CI, 2026-12-06)
+        n.run(n.node.local.read(0, budget_ms=10_000))
         n.run(n.node.residency_sampler.sample())
     a.run(a.node.health.poll_once())
     caps = next(p for p in op(a, "GET", "/status")["peers"] if p["nodeFqdn"] == fqdn("hub-b"))["lastCapabilities"]
