@@ -152,7 +152,8 @@ class SlotPool:
     def __init__(self, size: int) -> None:
         self.size = size
         self.slots = [Slot(i) for i in range(size)]
-        self._waiters: deque[tuple[asyncio.Future[Slot], str, bytes]] = deque()
+        #: (handed a slot, model, prompt, answer tokens planned): the estimate plays them forward
+        self._waiters: deque[tuple[asyncio.Future[Slot], str, bytes, int]] = deque()
 
     @property
     def in_flight(self) -> int:
@@ -160,20 +161,20 @@ class SlotPool:
 
     @property
     def queued(self) -> int:
-        return sum(not fut.done() for fut, _, _ in self._waiters)
+        return sum(not fut.done() for fut, *_ in self._waiters)
 
     def models_in_flight(self) -> Counter[str]:
         return Counter(s.model for s in self.slots if s.busy and s.model)
 
     def models_queued(self) -> Counter[str]:
-        return Counter(model for fut, model, _ in self._waiters if not fut.done())
+        return Counter(model for fut, model, *_ in self._waiters if not fut.done())
 
-    async def acquire(self, model: str, prompt: bytes) -> Slot:
+    async def acquire(self, model: str, prompt: bytes, answer_tokens: int = 1) -> Slot:
         if not self._waiters:
             slot = self._pick(model, prompt)
             if slot is not None:
                 return self._occupy(slot, model)
-        waiter = (asyncio.get_running_loop().create_future(), model, prompt)
+        waiter = (asyncio.get_running_loop().create_future(), model, prompt, answer_tokens)
         self._waiters.append(waiter)
         try:
             return await waiter[0]
@@ -214,7 +215,7 @@ class SlotPool:
 
     def _hand_over(self) -> None:
         while self._waiters:
-            fut, model, prompt = self._waiters[0]
+            fut, model, prompt, _ = self._waiters[0]
             if fut.done():
                 self._waiters.popleft()
                 continue
@@ -342,7 +343,7 @@ class Engine:
         as cached and skip prefill, and at least one token is always evaluated, as in
         llama-server.
         """
-        slot = await self.pool.acquire(gen.model.id, gen.prompt if gen.cacheable else b"")
+        slot = await self.pool.acquire(gen.model.id, gen.prompt if gen.cacheable else b"", gen.emitted_tokens)
         self.stats.peak_in_flight = max(self.stats.peak_in_flight, self.pool.in_flight)
         scale = gen.scale = self.config.time_scale
         try:

@@ -27,12 +27,14 @@ def first_token_ms(engine: Engine, model: SimModel, prompt: bytes, max_tokens: i
     free_at = [max(0.0, (s.busy_until - now) / scale) if s.busy else 0.0
                for s in pool.slots if s.id < pool.size]
     heapq.heapify(free_at)
-    answer_s = config.tokens * config.token_delay_s
-    for fut, _model, waiting in list(pool._waiters):  # noqa: SLF001 - the queue is the engine's own
+    # each waiter holds its slot for its own prompt and its own answer (max_tokens when it set
+    # one): counted at the engine's default answer length, a queue of 250-token answers read as
+    # 8-token ones and the oracle piled requests behind it (docs/performance.md)
+    for fut, _model, waiting, answer_tokens in list(pool._waiters):  # noqa: SLF001 - the engine's own queue
         if fut.done():
             continue
         start = heapq.heappop(free_at)
-        heapq.heappush(free_at, start + config.prefill_s(count_tokens(waiting)) + answer_s)
+        heapq.heappush(free_at, start + config.prefill_s(count_tokens(waiting)) + answer_tokens * config.token_delay_s)
     start = heapq.heappop(free_at) if free_at else 0.0
     tokens = count_tokens(prompt)
     cached = 0

@@ -62,3 +62,25 @@ def test_counters_flush_and_estimate():
         again = httpx.post(sim.url + "/_sim/estimate", json=chat(PROMPT)).json()["firstTokenMs"]
         assert again >= 5900  # cold once more: nothing resident, nothing cached
         assert httpx.post(sim.url + "/_sim/estimate", json={"model": "nope"}).status_code == 404
+
+
+def test_the_estimate_plays_each_waiter_forward_with_its_own_answer_length():
+    """One slot: a request runs (6 s of answer), a second waits with max_tokens 100 (10 s of
+    answer). A third's first token comes after both: over 10 s away, not the engine's
+    default 8-token answer (0.8 s) behind the one that runs."""
+    config = SimConfig(flavor="llamacpp", prefill_tps=10_000, decode_ms_per_token=100, slots=1,
+                       time_scale=0.1, models=[SimModel(MODEL, window=32768)])
+    with run_in_thread(config) as sim:
+        def send(content: str, answer: int) -> None:
+            httpx.post(sim.url + "/v1/chat/completions", json=chat(content, max_tokens=answer), timeout=30)
+
+        running = threading.Thread(target=send, args=("first", 60))
+        running.start()
+        assert wait_until(lambda: sim.stats()["in_flight"] == 1)
+        waiting = threading.Thread(target=send, args=("second", 100))
+        waiting.start()
+        assert wait_until(lambda: sim.stats()["queued"] == 1)
+        behind = httpx.post(sim.url + "/_sim/estimate", json=chat("third")).json()["firstTokenMs"]
+        running.join()
+        waiting.join()
+    assert 10_000 <= behind <= 16_500  # the waiter's 10 s, and what is left of the 6 s ahead of it
