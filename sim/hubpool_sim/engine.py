@@ -169,7 +169,7 @@ class SlotPool:
     def models_queued(self) -> Counter[str]:
         return Counter(model for fut, model, *_ in self._waiters if not fut.done())
 
-    async def acquire(self, model: str, prompt: bytes, answer_tokens: int = 1) -> Slot:
+    async def acquire(self, model: str, prompt: bytes, answer_tokens: int) -> Slot:
         if not self._waiters:
             slot = self._pick(model, prompt)
             if slot is not None:
