@@ -77,10 +77,21 @@ def distant_peers(tmp_path):
     yield from started_three(tmp_path, {"HUB_POOL_DEV_HEALTH_POLL_SECONDS": "1", "HUB_POOL_DEV_CLOCK_SPEEDUP": "100"})
 
 
-def started_three(tmp_path, environ, slots=None):
+@pytest.fixture
+def one_slot_each(tmp_path):
+    """Three one-slot engines of one speed decoding at 100 ms a token, the nodes' clock told the
+    engines run ten times faster (HUB_POOL_DEV_CLOCK_SPEEDUP, as the bench tells them), the busy
+    load poll every 100 ms."""
+    yield from started_three(tmp_path, {"HUB_POOL_DEV_HEALTH_POLL_SECONDS": "1", "HUB_POOL_DEV_LOAD_POLL_MS": "100",
+                                        "HUB_POOL_DEV_CLOCK_SPEEDUP": "10"},
+                             {n: 1 for n in NAMES}, decode_ms=100)
+
+
+def started_three(tmp_path, environ, slots=None, decode_ms=20):
     with ExitStack() as stack:
         sims = {n: stack.enter_context(run_in_thread(SimConfig(
-            flavor="llamacpp", slots=(slots or {}).get(n, 2), prefill_tps=2000, decode_ms_per_token=20, timings=True, prompt_cache=True,
+            flavor="llamacpp", slots=(slots or {}).get(n, 2), prefill_tps=2000, decode_ms_per_token=decode_ms,
+            timings=True, prompt_cache=True,
             time_scale=0.1, name=n, models=[SimModel(MODEL, window=131072)]))) for n in NAMES}
         nodes = make_pool(tmp_path, NAMES, environ=environ,
                           per_node={n: {"LLAMACPP_URL": sims[n].url} for n in NAMES})
@@ -223,3 +234,41 @@ def test_a_short_prompt_a_peer_holds_stays_local_when_the_hop_costs_more_than_re
     assert held["cachedTokens"] > 0 and held["prefillMs"] == 0  # hub-b holds the whole prompt
     assert own["hopMs"] == 0 and held["hopMs"] > own["prefillMs"] and held["predictedMs"] >= held["hopMs"]
     assert served(r) == "hub-a"
+
+
+def test_a_full_engine_is_priced_by_what_its_work_has_left_not_by_its_count(one_slot_each):
+    """Every engine is full with one request of its own node's app: hub-a's and hub-c's asked for
+    600 tokens (a minute on the engines' clock), hub-b's for 200. Counted, the three tie and the
+    entry node keeps the next request; by what each has left, hub-b frees forty seconds sooner,
+    and hub-a learns it from hub-b's stated schedule (the busy load poll), aged."""
+    import threading
+
+    from harness import wait_until
+
+    nodes, sims = one_slot_each
+    a, b, c = (nodes[n] for n in NAMES)
+    for n in (a, b, c):
+        op(n, "POST", "/pins", {"scope": "default", "targetKind": "local"})  # each app's work stays home
+    held = [threading.Thread(target=chat, args=(n, [{"role": "user", "content": text(f"long {i}", 100)}]),
+                             kwargs={"max_tokens": tokens})
+            for i, (n, tokens) in enumerate(((a, 600), (b, 200), (c, 600)))]
+    for t in held:
+        t.start()
+    try:
+        assert wait_until(lambda: all(sims[n].stats()["in_flight"] == 1 for n in NAMES), timeout=20)
+        b_id, c_id = (a.node.peers.by_fqdn(fqdn(n)).id for n in ("hub-b", "hub-c"))
+        assert wait_until(lambda: all(a.node.peer_slots.stated(p, "llamacpp") is not None
+                                      and a.node.peer_slots.stated(p, "llamacpp")[0][0] > 5_000
+                                      for p in (b_id, c_id)), timeout=10)
+        op(a, "DELETE", "/pins?scope=default")
+        r = chat(a, [{"role": "system", "content": text("new session", 1500)}, {"role": "user", "content": "go"}])
+        predictions = {p["node"]: p for p in row(a, r)["ttft"]["predictions"]}
+        waits = {k: (p["waitMs"], p["waitBasis"], p["inFlight"]) for k, p in predictions.items()}
+        assert all(p["waitBasis"] == "schedule" for p in predictions.values()), waits
+        # hub-b's 200 tokens end 40 s (engine clock) before the others' 600
+        assert predictions[fqdn("hub-b")]["waitMs"] + 25_000 < min(predictions["local"]["waitMs"],
+                                                                    predictions[fqdn("hub-c")]["waitMs"]), waits
+        assert served(r) == "hub-b", waits
+    finally:
+        for t in held:
+            t.join()

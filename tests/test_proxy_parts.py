@@ -20,6 +20,7 @@ from hubpool_core.config import PoolSettings
 from hubpool_core.engine import OPENAI, EngineConfig, ModelInfo, ProbeResult, Timings
 from hubpool_core.placement import Candidate
 from hubpool_core.placement.quarantine import DROPPED, Quarantine
+from hubpool_core.placement.slot_clock import SlotClock
 from hubpool_core.placement.throughput import MIN_PROMPT_TOKENS
 from hubpool_core.proxy import failover
 from hubpool_core.proxy.attempt import Failed, transport_code
@@ -83,7 +84,7 @@ class Recorder:
 def fake_node(max_num_ctx=4096):
     return SimpleNamespace(
         routing_log=RoutingLog(), output_quarantine=Quarantine(), unservable=Quarantine(), local=Recorder(),
-        peers=Recorder(), throughput=Recorder(),
+        peers=Recorder(), throughput=Recorder(), slot_clock=SlotClock(),
         settings=SimpleNamespace(current=PoolSettings(maxNumCtx=max_num_ctx)),  # every other setting at its default
         engine_by_kind={cls.kind: engine(cls) for cls in (PoolTemplateEngine, OwnTemplateEngine, TimedEngine)})
 

@@ -145,14 +145,23 @@ def test_a_forwarded_answer_carries_the_serving_nodes_load(boxes):
     a, b, fast = boxes
     op(a, "POST", "/pins", {"scope": "default", "targetKind": "peer", "targetPeerId": a.node.peers.by_fqdn(
         fqdn("hub-b")).id})
+    assert ask(b, 100).status_code == 200  # hub-b measures its engine: its work has a length
     held = threading.Thread(target=ask, args=(b, 100), kwargs={"max_tokens": 300})
     held.start()
     try:
         assert _until(lambda: fast.stats()["in_flight"] == 1)
+        stated = []
+        note = a.node.peer_slots.note
+        a.node.peer_slots.note = lambda *args: (stated.append(args), note(*args))
         r = ask(a, 100)
         assert r.headers["x-hub-pool-served-by"] == fqdn("hub-b")
         assert "x-hub-pool-in-flight" not in r.headers  # the peer's statement is for the entry node only
+        assert "x-hub-pool-slots-free-ms" not in r.headers
         peer_id = a.node.peers.by_fqdn(fqdn("hub-b")).id
+        # and its engine's schedule (docs/placement.md, "the slot clock"): a time for each of its
+        # four slots, stated beside the two requests it then had in flight
+        assert any(p == peer_id and backend == "llamacpp" and len(free) == 4 and count == 2
+                   for p, backend, free, count in stated), stated
         # hub-b had its own app's request and this one in flight as it answered: one beyond ours,
         # known at once, not at the next poll
         assert _until(lambda: a.node.load.forwarded.get(peer_id, 0) == 0)  # ours released

@@ -28,6 +28,7 @@ from hubpool_core.placement import TIER_RANK, Load
 from hubpool_core.placement.handout import effective_ceiling
 from hubpool_core.placement.hops import HopTimes
 from hubpool_core.placement.quarantine import Quarantine
+from hubpool_core.placement.slot_clock import MAX_SLOTS, PeerSlots, SlotClock, engine_clock
 from hubpool_core.placement.speed import ResidencyView, SpeedBook
 from hubpool_core.placement.throughput import ThroughputStore
 from hubpool_core.plugins import PluginHost, load_plugins
@@ -99,6 +100,11 @@ class Node:
         #: what predicted time to first token reads: measured speed, load times, residency
         self.speed = SpeedBook()
         self.residency = ResidencyView()
+        #: when each local engine's slots free, played forward from the work this node relays to
+        #: it; and what each peer last said of its own (placement/slot_clock.py)
+        speedup = env_int(env.dev_clock_speedup, minimum=1, maximum=100) or 1
+        self.slot_clock = SlotClock(engine_clock(speedup))
+        self.peer_slots = PeerSlots(engine_clock(speedup))
         #: each peer's signed round trip, timed on the polls: what a prediction adds for the hop
         self.hops = HopTimes(env_int(env.dev_clock_speedup, minimum=1, maximum=100) or 1)
         self.residency_sampler = ResidencySampler(self.local, self.residency, lambda: self.health.poll_s)
@@ -233,14 +239,18 @@ class Node:
         omitted when there is nothing to say (absent reads as unknown on the far side, never
         as cold or idle): ``engineSlots`` (what each engine reports it runs at once),
         ``resident`` (the models each engine holds in memory) and ``speed`` (measured
-        averages per engine and model)."""
+        averages per engine and model) and ``slotsFree`` (when each engine's slots free, ms, once
+        the work in flight has had its turn)."""
         out: dict[str, Any] = {}
         slots = [{"backend": b.engine.kind, "slots": b.snapshot.result.slots} for b in backends
                  if b.healthy and b.snapshot.result.slots]
         resident = [{"backend": b.engine.kind, "models": held} for b in backends
                     if b.healthy and (held := self.residency.models("local", b.engine.kind)) is not None]
         speed = self.speed.advertised("local")
-        for key, value in (("engineSlots", slots), ("resident", resident), ("speed", speed)):
+        free = [{"backend": b.engine.kind, "ms": [round(v) for v in ms[:MAX_SLOTS]]} for b in backends
+                if b.healthy and b.snapshot.result.slots
+                and (ms := self.slot_clock.free_in(b.engine.kind, b.snapshot.result.slots)) is not None]
+        for key, value in (("engineSlots", slots), ("resident", resident), ("speed", speed), ("slotsFree", free)):
             if value:
                 out[key] = value
         return out

@@ -146,7 +146,7 @@ def valid_capabilities(data: Any) -> dict[str, Any] | None:
                                                    "throughput")}
     # hubpool's additive fields (predicted time to first token): lists of objects, clamped here,
     # every value validated where it is read; anything else is dropped as not said
-    for key in ("engineSlots", "resident", "speed"):
+    for key in ("engineSlots", "resident", "speed", "slotsFree"):
         value = data.get(key)
         if isinstance(value, list):
             out[key] = [e for e in value[:32] if isinstance(e, dict)]
@@ -217,6 +217,7 @@ class HealthPoller:
         count = data.get("inFlightRequests") if isinstance(data, dict) else None
         if isinstance(count, int) and not isinstance(count, bool) and 0 <= count <= 1_000_000:
             self.node.load.note_fresh(row.id, count)
+            self.node.peer_slots.note_capabilities(row.id, data)
 
     def start(self) -> None:
         self._loop.start()
@@ -409,6 +410,7 @@ class HealthPoller:
             log.info("%s answers its health probe again", row.node_fqdn)
         self.failures.pop(row.id, None)
         self.node.load.note_report(row.id)
+        self.node.peer_slots.note_capabilities(row.id, caps)
         row = self.node.peers.update(row.id, status="connected", consecutive_failures=0, last_seen_at=utcnow(),
                                      last_capabilities=caps)
         if row is not None:

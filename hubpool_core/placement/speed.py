@@ -34,6 +34,8 @@ RESIDENCY_TTL_S = 600.0
 #: -> how much one more request queued ahead adds to its wait (service time over slots)
 SCRATCH_PREDICTED = "ttft_predicted"
 SCRATCH_SLOT_MS = "ttft_slot_ms"
+#: id(candidate) -> the prefill and load predicted for the request there (its slot clock's plan)
+SCRATCH_BEFORE = "ttft_before"
 
 
 def _finite_positive(value: Any) -> bool:
@@ -48,6 +50,10 @@ class Speed:
     service_ms: float | None = None
     load_ms: float | None = None
     at: float = 0.0
+    #: how long one answer token takes to decode, and how many tokens an answer runs (the
+    #: schedule of the work in flight: :mod:`slot_clock`)
+    decode_ms_per_token: float | None = None
+    answer_tokens: float | None = None
 
 
 def _average(old: float | None, new: float) -> float:
@@ -83,6 +89,13 @@ class SpeedBook:
         if _finite_positive(ms):
             row = self._row(node, backend, model)
             row.service_ms = _average(row.service_ms, ms)
+
+    def record_answer(self, node: str, backend: str, model: str, tokens: float, ms: float) -> None:
+        """An answer the engine timed: ``tokens`` decoded in ``ms``."""
+        if _finite_positive(tokens) and _finite_positive(ms):
+            row = self._row(node, backend, model)
+            row.decode_ms_per_token = _average(row.decode_ms_per_token, ms / tokens)
+            row.answer_tokens = _average(row.answer_tokens, tokens)
 
     def record_load(self, node: str, backend: str, model: str, ms: float) -> None:
         """How long the engine took to load the model."""

@@ -151,6 +151,8 @@ def _speed(node: Any, plan: RelayPlan, cand: Candidate, attempt_started: float, 
         book.record_read(cand.node, cand.backend, model, read, prefill)
         if timings.decode_ms:
             book.record_service(cand.node, cand.backend, model, prefill + timings.decode_ms)
+            if timings.decode_tokens:
+                book.record_answer(cand.node, cand.backend, model, timings.decode_tokens, timings.decode_ms)
     elif alone:
         book.record_service(cand.node, cand.backend, model, (time.monotonic() - attempt_started) * 1000)
     if cold and alone and judge is not None and judge.first_chunk_at is not None:

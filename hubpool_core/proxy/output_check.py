@@ -135,6 +135,8 @@ class StreamJudge:
         #: the stream's first bytes (a Responses stream's id is there)
         self.first_bytes = b""
         self.first_chunk_at: float | None = None
+        #: told once, at the first chunk (the slot clock: the answer is under way)
+        self.on_first: Any = None
         self.saw_bytes = False
         #: the head already holds text no placeholder run has: degenerate() cannot hold, so
         #: frames are no longer parsed to collect it (that parse was 19 % of a stream's CPU)
@@ -143,6 +145,8 @@ class StreamJudge:
     def feed(self, chunk: bytes) -> None:
         if self.first_chunk_at is None:
             self.first_chunk_at = time.monotonic()
+            if self.on_first is not None:
+                self.on_first()
         self.saw_bytes = self.saw_bytes or bool(chunk.strip())
         if len(self.first_bytes) < FIRST_BYTES:
             self.first_bytes += chunk[:FIRST_BYTES - len(self.first_bytes)]

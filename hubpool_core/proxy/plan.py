@@ -67,6 +67,8 @@ class RelayPlan:
     reserved: bool = False
     #: a stream that may be resumed on the next candidate (proxy/resume.py), else None
     resume: Any = None
+    #: this attempt's request on its local engine's slot clock (placement/slot_clock.py), else None
+    running: Any = None
 
     def context_headers(self) -> dict[str, str]:
         return dict(getattr(self.context, "response_headers", None) or {})

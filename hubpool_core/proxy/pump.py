@@ -19,6 +19,7 @@ import aiohttp
 from starlette.types import Send
 
 from hubpool_core.placement import Candidate
+from hubpool_core.placement.slot_clock import FREE_HEADER
 from hubpool_core.proxy.attempt import Failed, transport_code
 from hubpool_core.proxy.content import FirstContent
 from hubpool_core.proxy.front import Front
@@ -87,11 +88,17 @@ async def commit(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, upstrea
     headers = attribution(plan, cand, backend)
     if plan.inbound_from is not None:  # the sender's view of this node, fresher than its poll
         headers.append((b"x-hub-pool-in-flight", str(node.load.local).encode()))
+        free = node.slot_clock.header_value(cand.backend, getattr(cand.local.snapshot.result, "slots", None)) \
+            if cand.local is not None else None
+        if free is not None:
+            headers.append((FREE_HEADER.encode(), free.encode()))
     headers += [(k.lower().encode(), v.encode()) for k, v in plan.context_headers().items()]
     judge = watch = None
     if judged and status == 200 and streamed:
         # judged in the engine's own dialect: a translated stream is judged on its upstream bytes
         judge = StreamJudge(judged_dialect(plan.dialect, translator), final_frame_check(node, cand))
+        if plan.running is not None:
+            judge.on_first = plan.running.first_token
         watch = watch_for(node, plan, upstream, judged_dialect(plan.dialect, translator))
     resume = plan.resume
     try:

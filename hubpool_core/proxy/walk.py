@@ -24,6 +24,8 @@ from starlette.types import Receive, Scope, Send
 from hubpool_core.engine import AGENT_DIALECTS, RESPONSES
 from hubpool_core.models_ids import fold_model_id
 from hubpool_core.placement.load import Work
+from hubpool_core.placement.slot_clock import FREE_HEADER, parse_free, planned_work
+from hubpool_core.placement.speed import SCRATCH_BEFORE
 from hubpool_core.proxy.attempt import Failed, send_attempt, transport_code
 from hubpool_core.proxy.failover import exhausted, fails_over, passed_over
 from hubpool_core.proxy.front import Front, keepalive_eligible
@@ -123,6 +125,7 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
         attempt_started = time.monotonic()
         if not (attempt == 1 and plan.reserved):  # a queued request's first slot is already counted
             load.acquire(cand.peer_id, work)
+        plan.running = _on_the_clock(node, plan, cand) if judged and cand.is_local else None
         released = False
         try:
             try:
@@ -140,6 +143,9 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
                 fresh = upstream.headers.get("x-hub-pool-in-flight", "")
                 if fresh.isdigit() and len(fresh) < 7:
                     load.note_fresh(cand.peer_id, int(fresh))
+                    free = upstream.headers.get(FREE_HEADER)
+                    if free is not None and len(free) <= 1024:
+                        node.peer_slots.note(cand.peer_id, cand.backend, parse_free(free.split(",")), int(fresh))
             continuing = resume is not None and resume.continuing
             if status == 500 and (cand.is_local or "x-hub-pool-backend" in upstream.headers) \
                     and plan.inbound_from is None and not continuing:
@@ -212,6 +218,7 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
                            cold=cold)
             finally:
                 load.release(cand.peer_id, work)
+                _off_the_clock(node, plan)
                 released = True
             if resume is not None and resume.cut is not None:
                 if _continue(plan, resume):
@@ -232,6 +239,7 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
         finally:
             if not released:
                 load.release(cand.peer_id, work)
+                _off_the_clock(node, plan)
             if plan.span is not None:
                 node.tracer.end_attempt(attempt_span, row, attempt)
     observe(plan, "exhausted")
@@ -248,6 +256,25 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
         await send_verdict(node, plan, send, last_verdict, basis, confirms, started)
         return
     await exhausted(node, plan, send, failures, started)
+
+
+def _on_the_clock(node: Any, plan: RelayPlan, cand: Any) -> Any:
+    """Put the attempt on its engine's slot clock: when it began and how long it should hold
+    the slot (the prefill placement predicted, else the whole prompt's, and the answer asked)."""
+    clock = getattr(node, "slot_clock", None)
+    if clock is None:
+        return None
+    before = (getattr(plan.context, "scratch", None) or {}).get(SCRATCH_BEFORE, {}).get(id(cand))
+    book = getattr(node, "speed", None)
+    speed = book.get("local", cand.backend, plan.model) if book is not None else None
+    planned, answer = planned_work(speed, plan.estimated_tokens, before, plan.body)
+    return clock.start(cand.backend, planned, answer, speed.service_ms if speed is not None else None)
+
+
+def _off_the_clock(node: Any, plan: RelayPlan) -> None:
+    if plan.running is not None:
+        node.slot_clock.finish(plan.running)
+        plan.running = None
 
 
 def _deadline_missed(node: Any, plan: RelayPlan, cand: Any, alone: bool) -> None:

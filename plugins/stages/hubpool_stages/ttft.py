@@ -28,8 +28,10 @@ from typing import Any
 
 from hubpool_core import Stage
 from hubpool_core.placement.prefixes import PrefixIndex, block_chain, prompt_bytes
+from hubpool_core.placement.slot_clock import with_more
 from hubpool_core.placement.speed import (
     DEFAULT_LOAD_MS,
+    SCRATCH_BEFORE,
     SCRATCH_PREDICTED,
     SCRATCH_SLOT_MS,
     advertised_prior,
@@ -65,8 +67,10 @@ class PredictedTtftStage(Stage):
 
     Section ``ttft`` (``None`` when fewer than two candidates have a prediction):
     ``{estimatedTokens, predictions: [{node, backend, predictedMs, waitMs, prefillMs, loadMs,
-    hopMs, cachedTokens, inFlight, slots}], unmeasured: [node], moved}``; ``moved`` is whether the
-    order differs from the queue-depth one.
+    hopMs, cachedTokens, inFlight, slots, waitBasis}], unmeasured: [node], moved}``; ``moved`` is
+    whether the order differs from the queue-depth one; ``waitBasis`` says what priced a full
+    engine's wait (``schedule``: when its slots free; ``count``: its count times the mean service;
+    ``None``: a slot is free).
     """
 
     name = "predicted_ttft"
@@ -132,11 +136,15 @@ class PredictedTtftStage(Stage):
         # a busy engine whose concurrency nothing states is priced as one slot: the longest its
         # work in flight can hold this request back (a warm node's queue against a cold load)
         per = slots or 1
-        wait = 0.0
+        wait, basis = 0.0, None
         if in_flight >= per:
-            if speed.service_ms is None:
+            scheduled = self.scheduled_wait(candidate, per, in_flight, speed.service_ms)
+            if scheduled is not None:
+                wait, basis = scheduled, "schedule"
+            elif speed.service_ms is None:
                 return None  # busy, and nothing says for how long
-            wait = (in_flight - per + 1) * speed.service_ms / per
+            else:
+                wait, basis = (in_flight - per + 1) * speed.service_ms / per, "count"
         tokens = max(0, context.estimated_tokens - cached)
         prefill = tokens / speed.prefill_tps * 1000.0
         resident = self.resident(candidate, context.model)
@@ -146,8 +154,25 @@ class PredictedTtftStage(Stage):
         return {"node": candidate.node, "backend": candidate.backend,
                 "predictedMs": round(wait + prefill + load + hop),
                 "waitMs": round(wait), "prefillMs": round(prefill), "loadMs": round(load), "hopMs": round(hop),
-                "cachedTokens": cached, "inFlight": in_flight, "slots": slots,
-                "_slotMs": None if speed.service_ms is None else speed.service_ms / per}
+                "cachedTokens": cached, "inFlight": in_flight, "slots": slots, "waitBasis": basis,
+                "_slotMs": None if speed.service_ms is None else speed.service_ms / per,
+                "_beforeMs": prefill + load}
+
+    def scheduled_wait(self, candidate: Any, slots: int, in_flight: int, service_ms: float | None) -> float | None:
+        """The wait for a slot as the engine's schedule says (when each slot frees once the work
+        in flight has had its turn: hubpool_core/placement/slot_clock.py), with the requests the
+        count holds beyond what the schedule saw queued on it at the mean service time; ``None``
+        when there is no schedule. A local engine's is this node's own clock; a peer's is what it
+        last stated, aged."""
+        if candidate.is_local:
+            clock = getattr(self.node, "slot_clock", None)
+            free = clock.free_in(candidate.backend, slots) if clock is not None else None
+            seen = clock.total() if clock is not None else 0
+        else:
+            book = getattr(self.node, "peer_slots", None)
+            stated = book.stated(candidate.peer_id, candidate.backend) if book is not None else None
+            free, seen = stated if stated is not None else (None, 0)
+        return None if free is None else with_more(free, in_flight - seen, service_ms)
 
     # -- the stage ---------------------------------------------------------------------
     def apply(self, ranking: Sequence[Any], context: Any) -> tuple[list[Any], dict[str, Any] | None]:
@@ -172,6 +197,7 @@ class PredictedTtftStage(Stage):
             predictions[id(cand)] = self.predict(cand, context, cached)
         context.scratch[SCRATCH_PREDICTED] = {k: (v["predictedMs"] if v else None) for k, v in predictions.items()}
         context.scratch[SCRATCH_SLOT_MS] = {k: (v.pop("_slotMs") if v else None) for k, v in predictions.items()}
+        context.scratch[SCRATCH_BEFORE] = {k: (v.pop("_beforeMs") if v else None) for k, v in predictions.items()}
         places = [i for i, c in enumerate(out) if predictions[id(c)] is not None]
         if len(places) < 2:
             return out, None
