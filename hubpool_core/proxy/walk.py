@@ -143,9 +143,10 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
                 fresh = upstream.headers.get("x-hub-pool-in-flight", "")
                 if fresh.isdigit() and len(fresh) < 7:
                     load.note_fresh(cand.peer_id, int(fresh))
-                    free = upstream.headers.get(FREE_HEADER)
-                    if free is not None and len(free) <= 1024:
-                        node.peer_slots.note(cand.peer_id, cand.backend, parse_free(free.split(",")), int(fresh))
+                    # no schedule beside the count: the peer cannot say now, and an older one is stale
+                    free = upstream.headers.get(FREE_HEADER, "")
+                    node.peer_slots.note(cand.peer_id, cand.backend,
+                                         parse_free(free.split(",")) if 0 < len(free) <= 1024 else None, int(fresh))
             continuing = resume is not None and resume.continuing
             if status == 500 and (cand.is_local or "x-hub-pool-backend" in upstream.headers) \
                     and plan.inbound_from is None and not continuing:
