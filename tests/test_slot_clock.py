@@ -71,8 +71,13 @@ def test_an_unknown_length_makes_the_schedule_unknown():
     clock = SlotClock(Clock())
     clock.start("llamacpp", None, None)
     assert clock.free_in("llamacpp", 1) is None and clock.header_value("llamacpp", 1) is None
-    clock.start("ollama", None, None, mean_ms=4_000)
-    assert clock.free_in("ollama", 1) == [4_000]
+    # an engine reporting no timings has a mean service time and no plan: its count prices the
+    # wait ((in flight - slots + 1) x mean / slots), not a schedule of whole mean services
+    clock.start("vllm", None, None, mean_ms=4_000)
+    assert clock.free_in("vllm", 2) is None
+    clock.start("ollama", 1_000, 500, mean_ms=4_000)
+    clock.start("ollama", None, None, mean_ms=4_000)  # queued behind, length unknown
+    assert clock.free_in("ollama", 1) is None
 
 
 def test_the_asked_answer_is_read_in_every_dialect():

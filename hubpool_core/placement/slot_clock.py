@@ -62,8 +62,8 @@ def planned_answer_ms(speed: Any, asked: int | None) -> float | None:
 def planned_work(speed: Any, tokens: int, before_ms: float | None, body: Any) -> tuple[float | None, float | None]:
     """(how long a request is expected to hold its slot, how long to decode) on an engine of
     ``speed``. ``before_ms`` is the prefill (and load) placement predicted for it, cached prefix
-    counted; ``None`` reads the whole prompt at the measured rate. Without a decode rate neither
-    is known (the engine's mean service time then stands for the whole: :class:`Running`)."""
+    counted; ``None`` reads the whole prompt at the measured rate. Without a decode rate (an
+    engine that reports no timings) neither is known, and the engine has no schedule."""
     if speed is None:
         return None, None
     answer = planned_answer_ms(speed, asked_answer_tokens(body))
@@ -99,15 +99,16 @@ class Running:
             self.decoding_at = self._clock()
 
     def left_ms(self, now: float) -> float | None:
-        """What it has left if it holds a slot now. Past its plan it has run longer than planned
-        (an answer longer than typical, a slower engine) and what is left is unknown: it is priced
-        as a count prices a request, at the mean service time."""
+        """What it has left if it holds a slot now; ``None`` without a plan (the count then prices
+        the wait, as it always did). Past its plan it has run longer than planned (an answer longer
+        than typical, a slower engine) and what is left is unknown: it is priced at the engine's
+        mean service time."""
         if self.decoding_at is not None and self.answer_ms is not None:
             plan, left = self.answer_ms, self.answer_ms - (now - self.decoding_at) * 1000
         elif self.planned_ms is not None:
             plan, left = self.planned_ms, self.planned_ms - (now - self.started) * 1000
         else:
-            return self.mean_ms
+            return None
         if left > 0:
             return left
         return self.mean_ms if self.mean_ms is not None else OVERRUN * plan
@@ -163,12 +164,11 @@ class SlotClock:
                     return None
                 free[i] = left
                 continue
-            whole = entry.planned_ms if entry.planned_ms is not None else entry.mean_ms
-            if whole is None:
+            if entry.planned_ms is None:
                 return None
             if i == len(free):
                 heapq.heapify(free)
-            heapq.heapreplace(free, free[0] + whole)
+            heapq.heapreplace(free, free[0] + entry.planned_ms)
         return sorted(free)
 
     def header_value(self, kind: str, slots: int | None) -> str | None:
