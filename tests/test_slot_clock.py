@@ -110,6 +110,12 @@ def test_a_peers_schedule_is_validated_and_aged():
     assert book.stated("p1", "llamacpp") == ([400.0, 3_500.0], 3)
     t.now += 1
     assert book.stated("p1", "llamacpp") == ([0.0, 2_500.0], 3)
+    # its first slot's request has overrun what was stated (the count has not fallen): it is priced
+    # at the mean service time the caller names, not as a free slot
+    assert book.stated("p1", "llamacpp", 6_000.0) == ([6_000.0, 2_500.0], 3)
+    book.note("p3", "llamacpp", [0.0, 800.0], 1)
+    t.now += 2
+    assert book.stated("p3", "llamacpp", 6_000.0) == ([0.0, 6_000.0], 1)  # stated free stays free
     for bad in ([-1], [float("nan")], ["12x"], [True], [4_000_000], []):
         assert parse_free(bad) is None
     assert parse_free(["12", " 40"]) == [12.0, 40.0]

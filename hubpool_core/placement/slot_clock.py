@@ -245,11 +245,16 @@ class PeerSlots:
         for key in [k for k in self._said if k[0] == peer_id]:
             del self._said[key]
 
-    def stated(self, peer_id: str, backend: str) -> tuple[list[float], int] | None:
-        """The schedule aged to now, and the peer's in-flight count when it was stated."""
+    def stated(self, peer_id: str, backend: str, overrun_ms: float | None = None) -> tuple[list[float], int] | None:
+        """The schedule aged to now, and the peer's in-flight count when it was stated. A slot
+        that was busy when stated and whose time has passed since is overrunning, as far as this
+        node knows (its count has not fallen yet): it is priced at ``overrun_ms`` (the engine's
+        mean service time, as the peer prices its own overruns), else as free. A slot stated
+        free stays free; requests sent there since are the count's to add."""
         said = self._said.get((peer_id, backend))
         if said is None:
             return None
         free, count, at = said
         gone = (self.clock() - at) * 1000
-        return [max(0.0, v - gone) for v in free], count
+        aged = [v - gone if v - gone > 0 or v == 0 else (overrun_ms or 0.0) for v in free]
+        return [max(0.0, v) for v in aged], count

@@ -170,7 +170,7 @@ class PredictedTtftStage(Stage):
             seen = clock.total() if clock is not None else 0
         else:
             book = getattr(self.node, "peer_slots", None)
-            stated = book.stated(candidate.peer_id, candidate.backend) if book is not None else None
+            stated = book.stated(candidate.peer_id, candidate.backend, service_ms) if book is not None else None
             free, seen = stated if stated is not None else (None, 0)
         return None if free is None else with_more(free, in_flight - seen, service_ms)
 
