@@ -92,7 +92,8 @@ def test_shared_prefix_sends_byte_identical_prompts_and_the_default_unique_ones(
     seen: list[str] = []
     with ThreadedApp(_recorder(seen)) as engine:
         done = _capacity(engine.url, "--route", "/api/generate", "--levels", "2",
-                         "--max-concurrency", "2", "--duration", "0.5", "--prompt-tokens", "64", "--json",
+                         # 2 s, not 0.5: on a busy 2-core CI machine a half-second step sent two requests
+                         "--max-concurrency", "2", "--duration", "2", "--prompt-tokens", "64", "--json",
                          *(["--shared-prefix"] if shared else []))
         assert done.returncode == 0, done.stderr
         report = json.loads(done.stdout)
