@@ -61,6 +61,32 @@ RESPONSES = "responses"
 RERANK = "rerank"
 #: The dialects an engine may or may not serve natively, by version or build.
 AGENT_DIALECTS = (MESSAGES, COUNT_TOKENS, RESPONSES, RERANK)
+#: Where each dialect asks for the answer's length, as paths into the body (Ollama's sits in
+#: ``options``), in the order engines honour them: OpenAI's newer ``max_completion_tokens``
+#: wins over ``max_tokens``. A dialect not named here asks with ``max_tokens``.
+ANSWER_LIMITS: dict[str, tuple[tuple[str, ...], ...]] = {
+    OPENAI: (("max_completion_tokens",), ("max_tokens",)),
+    RESPONSES: (("max_output_tokens",),),
+    NATIVE: (("options", "num_predict"),),
+}
+_ANY_ANSWER_LIMIT = tuple(dict.fromkeys(path for paths in ANSWER_LIMITS.values() for path in paths))
+
+
+def answer_limit(body: Any, dialect: str | None = None) -> tuple[dict[str, Any], str, int] | None:
+    """Where a request asks for its answer's length: (the object that holds it, its key, the
+    tokens), or ``None`` when it asks for none (a missing, non-integer or non-positive value).
+    ``dialect`` ``None`` reads any dialect's key; the proxy's resume spends from the one found,
+    the slot clock plans by it."""
+    for path in ANSWER_LIMITS.get(dialect, (("max_tokens",),)) if dialect is not None else _ANY_ANSWER_LIMIT:
+        holder = body
+        for part in path[:-1]:
+            holder = holder.get(part) if isinstance(holder, dict) else None
+        value = holder.get(path[-1]) if isinstance(holder, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return holder, path[-1], value
+    return None
+
+
 #: Statuses that say a route does not exist on an engine: not found, wrong method, and
 #: llama-server's 501 for rerank on a server started without ``--reranking``.
 ROUTE_MISSING = frozenset({404, 405, 501})

@@ -85,6 +85,8 @@ def test_the_asked_answer_is_read_in_every_dialect():
     assert asked_answer_tokens({"max_completion_tokens": 90}) == 90
     assert asked_answer_tokens({"max_output_tokens": 70}) == 70
     assert asked_answer_tokens({"options": {"num_predict": 60}}) == 60
+    # OpenAI's newer key wins, as the engines and the proxy's resume read it
+    assert asked_answer_tokens({"max_tokens": 200, "max_completion_tokens": 90}) == 90
     for body in ({}, {"max_tokens": 0}, {"max_tokens": True}, {"max_tokens": "9"}, [], None, {"options": 3}):
         assert asked_answer_tokens(body) is None
 

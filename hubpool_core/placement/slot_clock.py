@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from hubpool_core.engine import answer_limit
+
 #: the header a node serving a peer's forward names its engine's schedule in (ms, comma-separated)
 FREE_HEADER = "x-hub-pool-slots-free-ms"
 #: slots one schedule lists at most (a peer's longer list is cut; the soonest come first)
@@ -35,16 +37,10 @@ ANSWER_PLAN_TOKENS = 1024
 
 
 def asked_answer_tokens(body: Any) -> int | None:
-    """The answer length a request asks for in any dialect (``max_tokens``, ``max_completion_tokens``,
-    ``max_output_tokens``, Ollama's ``options.num_predict``), ``None`` when it names none."""
-    if not isinstance(body, dict):
-        return None
-    options = body.get("options")
-    for value in (body.get("max_tokens"), body.get("max_completion_tokens"), body.get("max_output_tokens"),
-                  options.get("num_predict") if isinstance(options, dict) else None):
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
+    """The answer length a request asks for in any dialect (:func:`hubpool_core.engine.answer_limit`),
+    ``None`` when it names none."""
+    found = answer_limit(body)
+    return None if found is None else found[2]
 
 
 def planned_answer_ms(speed: Any, asked: int | None) -> float | None:

@@ -25,7 +25,7 @@ import copy
 import json
 from typing import Any
 
-from hubpool_core.engine import MESSAGES, NATIVE, OPENAI, RESPONSES
+from hubpool_core.engine import MESSAGES, NATIVE, OPENAI, RESPONSES, answer_limit
 
 #: the routes a stream can be resumed on: a conversation with a trailing assistant message
 RESUMABLE_ROUTES = frozenset({"/v1/chat/completions", "/api/chat", "/v1/messages", "/v1/responses"})
@@ -308,12 +308,9 @@ class Resume:
             items.append({"type": "message", "role": "assistant",
                           "content": [{"type": "output_text", "text": self.text}]})
             out["input"] = items
-            left = _spend(out, "max_output_tokens", self.tokens)
         elif dialect == NATIVE:
             out["messages"] = [*out.get("messages", []), {"role": "assistant", "content": self.text}]
-            options = out.setdefault("options", {})
-            if isinstance(options, dict):
-                left = _spend(options, "num_predict", self.tokens)
+            out.setdefault("options", {})
         else:
             messages = list(out.get("messages", []))
             messages.append({"role": "assistant", "content": self.text})
@@ -321,21 +318,14 @@ class Resume:
             if dialect == OPENAI:
                 # vLLM continues a final assistant message only when told; others ignore these
                 out["continue_final_message"], out["add_generation_prompt"] = True, False
-                left = _spend(out, "max_completion_tokens", self.tokens)
-                left = _spend(out, "max_tokens", self.tokens) if left is None else left
-            else:
-                left = _spend(out, "max_tokens", self.tokens)
+        limit = answer_limit(out, dialect)
+        if limit is not None:
+            holder, key, asked = limit
+            # the answer so far spent part of the budget the app set
+            holder[key] = left = asked - self.tokens
         if left is not None and left < 1:
             raise ValueError("the answer had spent its whole token budget")
         return out
-
-
-def _spend(body: dict[str, Any], key: str, tokens: int) -> int | None:
-    value = body.get(key)
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        body[key] = value - tokens
-        return value - tokens
-    return None
 
 
 def _add_tokens(usage: dict[str, Any], key: str, tokens: int, total: str | None = None) -> None:
