@@ -131,6 +131,44 @@ def test_a_fleets_new_session_goes_where_its_shared_head_is_held(three):
     assert all(p["cachedTokens"] == 0 for p in row(a, third)["ttft"]["predictions"])
 
 
+def test_a_full_engine_is_not_priced_as_still_holding_a_sessions_own_context(three):
+    """hub-c holds a session's 80,000-token context (40 s to read on the engines' clock) when its own
+    app fills both its slots with other prompts for about half a minute more. Priced as still holding
+    the context, hub-c would be the soonest (the wait, then almost nothing to read); but the slot the
+    next turn waits for ran another prompt, so hub-c is priced with nothing cached and the turn goes
+    to an idle engine, which reads it in 40 s."""
+    import threading
+
+    from harness import wait_until
+
+    nodes, sims = three
+    a, c = nodes["hub-a"], nodes["hub-c"]
+    context = [{"role": "system", "content": text("the session's own context", 80_000)},
+               {"role": "user", "content": "go"}]
+    op(a, "POST", "/pins", {"scope": "default", "targetKind": "peer",
+                            "targetPeerId": a.node.peers.by_fqdn(fqdn("hub-c")).id})
+    assert served(chat(a, context)) == "hub-c"
+    op(a, "DELETE", "/pins?scope=default")
+    op(c, "POST", "/pins", {"scope": "default", "targetKind": "local"})  # hub-c's app's work stays there
+    # 1,500 tokens at 20 ms a token: each holds its slot 30 s on the engines' clock (3 s real)
+    fill = [threading.Thread(target=chat, args=(c, [{"role": "user", "content": text(f"other {i}", 100)}]),
+                             kwargs={"max_tokens": 1500}) for i in range(2)]
+    for t in fill:
+        t.start()
+    try:
+        assert wait_until(lambda: sims["hub-c"].stats()["in_flight"] == 2, timeout=20)
+        a.run(a.node.health.poll_once())  # hub-a reads hub-c's count and schedule now
+        turn = chat(a, [*context, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "and then"}])
+        predictions = {p["node"]: p for p in row(a, turn)["ttft"]["predictions"]}
+        full = predictions[fqdn("hub-c")]
+        assert full["inFlight"] >= 2 and full["cachedTokens"] == 0, predictions
+        assert full["prefillMs"] >= 39_000, predictions  # the whole context read again
+        assert served(turn) != "hub-c", predictions
+    finally:
+        for t in fill:
+            t.join()
+
+
 def test_new_sessions_spread_over_equal_boxes_instead_of_piling_on_the_entry_node(three):
     nodes, _ = three
     a = nodes["hub-a"]

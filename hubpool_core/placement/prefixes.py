@@ -137,6 +137,24 @@ class PrefixIndex:
             best = max(best, n)
         return best * BLOCK_BYTES // 4
 
+    def shared_head(self, chain: Sequence[bytes]) -> int:
+        """Tokens of the prompt behind ``chain`` that another prompt shares: the longest run of
+        leading blocks a chain sent to any engine has in common with it, not counting a chain
+        that is a whole prefix of it (its own session's earlier turn, as far as whole blocks can
+        tell). A fleet's system prompt and tool list are such a head; an agent session's own
+        context is not."""
+        best = 0
+        for held in self._engines.values():
+            for stored, _ in held.values():
+                n = 0
+                for a, b in zip(stored, chain, strict=False):
+                    if a != b:
+                        break
+                    n += 1
+                if n < len(stored):  # it went on differently: another prompt
+                    best = max(best, n)
+        return best * BLOCK_BYTES // 4
+
     def sessions(self, node: str, backend: str) -> int:
         """How many distinct prompts the engine holds now (each a session's, as far as this
         node sent them): what spreading sessions counts."""

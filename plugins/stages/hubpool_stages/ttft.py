@@ -126,8 +126,11 @@ class PredictedTtftStage(Stage):
         reported = getattr(candidate.peer, "last_seen_at", None)
         return seen is not None and (reported is None or seen > reported.timestamp())
 
-    def predict(self, candidate: Any, context: Any, cached: int) -> dict[str, Any] | None:
-        """The prediction's parts for one candidate, or ``None`` without evidence."""
+    def predict(self, candidate: Any, context: Any, cached: int,
+                cached_queued: int | None = None) -> dict[str, Any] | None:
+        """The prediction's parts for one candidate, or ``None`` without evidence. ``cached`` is
+        what its engine holds of the prompt; ``cached_queued`` what it still holds once the request
+        has waited for a slot (``None``: the same)."""
         speed = self.speed_of(candidate, context.model)
         if speed is None or speed.prefill_tps is None:
             return None
@@ -138,6 +141,11 @@ class PredictedTtftStage(Stage):
         per = slots or 1
         wait, basis = 0.0, None
         if in_flight >= per:
+            # every slot is busy: the one this request gets holds the prompt that ran in it, so
+            # only a head other prompts share is still there (docs/placement.md, "A full engine's
+            # cache")
+            if cached_queued is not None:
+                cached = min(cached, cached_queued)
             scheduled = self.scheduled_wait(candidate, per, in_flight, speed.service_ms)
             if scheduled is not None:
                 wait, basis = scheduled, "schedule"
@@ -189,12 +197,15 @@ class PredictedTtftStage(Stage):
             chain = block_chain(prompt_bytes(context.body), context.model)
             context.scratch[SCRATCH_CHAIN] = chain
         predictions: dict[int, dict[str, Any] | None] = {}
+        head: int | None = None
         for cand in out:
             cached = min(held_tokens, context.estimated_tokens) if holder == (cand.node, cand.backend) else 0
             if chain:
                 cached = max(cached, min(self.prefixes.held_tokens(cand.node, cand.backend, chain),
                                          context.estimated_tokens))
-            predictions[id(cand)] = self.predict(cand, context, cached)
+            if cached and head is None:
+                head = self.prefixes.shared_head(chain) if chain else 0
+            predictions[id(cand)] = self.predict(cand, context, cached, head)
         context.scratch[SCRATCH_PREDICTED] = {k: (v["predictedMs"] if v else None) for k, v in predictions.items()}
         context.scratch[SCRATCH_SLOT_MS] = {k: (v.pop("_slotMs") if v else None) for k, v in predictions.items()}
         context.scratch[SCRATCH_BEFORE] = {k: (v.pop("_beforeMs") if v else None) for k, v in predictions.items()}

@@ -185,7 +185,7 @@ def test_a_model_never_served_is_priced_from_the_nodes_other_models_and_its_resi
 
 # -- issue 27: shared-prefix placement and spreading sessions ---------------------------------
 
-from hubpool_core.placement.prefixes import BLOCK_BYTES, PrefixIndex, block_chain  # noqa: E402
+from hubpool_core.placement.prefixes import BLOCK_BYTES, PrefixIndex, block_chain, prompt_bytes  # noqa: E402
 
 new_settings = st.fixed_dictionaries({"poolPrefixIndex": st.integers(0, 1), "poolSessionSpread": st.integers(0, 1)})
 #: what engines were sent before: (candidate index, a prompt of so many blocks sharing so many with ours)
@@ -279,9 +279,12 @@ def test_with_them_on_what_moves_is_by_prediction_and_ties_go_to_the_engine_hold
     assert share == sorted(share)
     rest = [predicted[id(c)] for c in measured[tied:]]
     assert rest == sorted(rest)
-    for c in measured:  # an engine's cached tokens are what its index holds of this prompt
-        assert by[c.node]["cachedTokens"] == min(stage.prefixes.held_tokens(c.node, "eng", context.scratch[
-            "ttft_chain"]), tokens)
+    chain = context.scratch["ttft_chain"]
+    for c in measured:  # an engine's cached tokens are what its index holds of this prompt; a full
+        # one's only the head other prompts share (the slot this request gets ran another prompt)
+        held = min(stage.prefixes.held_tokens(c.node, "eng", chain), tokens)
+        full = by[c.node]["inFlight"] >= (by[c.node]["slots"] or 1)
+        assert by[c.node]["cachedTokens"] == (min(held, stage.prefixes.shared_head(chain)) if full else held)
 
 
 @settings(max_examples=150, deadline=None)
@@ -320,6 +323,53 @@ def test_the_index_holds_exactly_the_whole_blocks_two_prompts_share(head, a_tail
     assert index.held_tokens("n", "eng", block_chain(b, "m")) == whole * BLOCK_BYTES // 4
     assert index.held_tokens("n", "eng", block_chain(b, "other")) == 0  # a cache is per model
     assert index.held_tokens("x", "eng", block_chain(b, "m")) == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=6 * BLOCK_BYTES), st.binary(max_size=6 * BLOCK_BYTES), st.binary(max_size=3 * BLOCK_BYTES))
+def test_a_shared_head_is_what_another_prompt_shares_not_the_sessions_own_earlier_turn(head, a_tail, b_tail):
+    a, b = head + a_tail, head + b_tail
+    ca, cb = block_chain(a, "m"), block_chain(b, "m")
+    index = PrefixIndex()
+    assert index.shared_head(cb) == 0  # nothing sent anywhere
+    index.remember("n", "eng", ca)
+    common = index.held_tokens("n", "eng", cb)
+    # a is b's earlier turn when its every block leads b: then nothing else shares b's head
+    earlier = len(ca) * BLOCK_BYTES // 4 == common
+    assert index.shared_head(cb) == (0 if earlier else common)
+    index.remember("other", "eng", block_chain(b"\x00" + a, "m"))  # shares no leading block with b
+    assert index.shared_head(cb) == (0 if earlier else common)
+
+
+def test_a_full_engine_is_priced_with_only_the_head_other_prompts_share():
+    """Two peers of one speed, each holding this prompt's 4,000-token head: n0 as another session
+    of the fleet (the head other prompts share), n1 as this session's own earlier turn. Free, both
+    are priced holding it; full, only the fleet's head counts (the slot this request waits for ran
+    another prompt)."""
+    head = b"fleet system prompt and tools " * 600  # ~18 KB: 17 whole blocks
+    mine = head + b"this session's own context " * 400
+    ours = {"model": "m", "messages": [{"role": "user", "content": (mine + b" next turn").decode()}]}
+    for in_flight, fleet_kept, own_kept in ((0, True, True), (2, True, False)):
+        book = SpeedBook()
+        ranking = [peer(0, in_flight, 2), peer(1, in_flight, 2)]
+        for c in ranking:
+            book.record_read(c.node, "eng", "m", 1000, 1000)
+            book.record_service(c.node, "eng", "m", 2000)
+        stage = PredictedTtftStage(make_node(book))
+        stage.prefixes.remember("n0", "eng", block_chain(prompt_bytes({"messages": [
+            {"role": "user", "content": (head + b"another session's task " * 200).decode()}]}), "m"), capacity=2)
+        stage.prefixes.remember("n1", "eng", block_chain(prompt_bytes({"messages": [
+            {"role": "user", "content": mine.decode()}]}), "m"), capacity=2)
+        context = PlacementContext(route="/v1/chat/completions", route_class="chat", model="m", body=ours,
+                                   estimated_tokens=len(mine) // 4, settings=cfg(True, poolPrefixIndex=1),
+                                   session_header=None, judged=True)
+        _, section = stage.apply(list(ranking), context)
+        cached = {p["node"]: p["cachedTokens"] for p in section["predictions"]}
+        head_tokens = len(head) // BLOCK_BYTES * BLOCK_BYTES // 4
+        assert (cached["n0"] >= head_tokens - 256) is fleet_kept, cached
+        assert (cached["n1"] > head_tokens + 1024) is own_kept, cached
+        if not own_kept:
+            assert cached["n1"] == cached["n0"], cached  # both keep exactly the shared head
 
 
 # -- issue 27 item 4: a warm node's short queue against a cold load ----------------------------
