@@ -7,11 +7,12 @@ clock ten times faster than real time."""
 
 from __future__ import annotations
 
-from contextlib import ExitStack
+import threading
+from contextlib import ExitStack, contextmanager
 
 import httpx
 import pytest
-from harness import fqdn, make_pool, meshed
+from harness import fqdn, make_pool, meshed, wait_until
 
 from hubpool_sim import SimConfig, SimModel, run_in_thread
 
@@ -42,6 +43,23 @@ def row(node, response):
 def served(response, entry: str = "hub-a") -> str:
     by = response.headers["x-hub-pool-served-by"]
     return entry if by == "local" else by.split(".", 1)[0]
+
+
+@contextmanager
+def own_app_fills(node, sim, max_tokens, label, count=2):
+    """The node's own app pins its work local and fills ``count`` slots of its engine with
+    answers of ``max_tokens``; the block runs while they hold the slots, and waits for them after."""
+    op(node, "POST", "/pins", {"scope": "default", "targetKind": "local"})
+    held = [threading.Thread(target=chat, args=(node, [{"role": "user", "content": text(f"{label} {i}", 100)}]),
+                             kwargs={"max_tokens": max_tokens}) for i in range(count)]
+    for t in held:
+        t.start()
+    try:
+        assert wait_until(lambda: sim.stats()["in_flight"] == count, timeout=20)
+        yield held
+    finally:
+        for t in held:
+            t.join()
 
 
 def text(label: str, tokens: int) -> str:
@@ -137,10 +155,6 @@ def test_a_full_engine_is_not_priced_as_still_holding_a_sessions_own_context(thr
     the context, hub-c would be the soonest (the wait, then almost nothing to read); but the slot the
     next turn waits for ran another prompt, so hub-c is priced with nothing cached and the turn goes
     to an idle engine, which reads it in 40 s."""
-    import threading
-
-    from harness import wait_until
-
     nodes, sims = three
     a, c = nodes["hub-a"], nodes["hub-c"]
     context = [{"role": "system", "content": text("the session's own context", 80_000)},
@@ -149,14 +163,8 @@ def test_a_full_engine_is_not_priced_as_still_holding_a_sessions_own_context(thr
                             "targetPeerId": a.node.peers.by_fqdn(fqdn("hub-c")).id})
     assert served(chat(a, context)) == "hub-c"
     op(a, "DELETE", "/pins?scope=default")
-    op(c, "POST", "/pins", {"scope": "default", "targetKind": "local"})  # hub-c's app's work stays there
     # 1,500 tokens at 20 ms a token: each holds its slot 30 s on the engines' clock (3 s real)
-    fill = [threading.Thread(target=chat, args=(c, [{"role": "user", "content": text(f"other {i}", 100)}]),
-                             kwargs={"max_tokens": 1500}) for i in range(2)]
-    for t in fill:
-        t.start()
-    try:
-        assert wait_until(lambda: sims["hub-c"].stats()["in_flight"] == 2, timeout=20)
+    with own_app_fills(c, sims["hub-c"], 1500, "other"):
         a.run(a.node.health.poll_once())  # hub-a reads hub-c's count and schedule now
         turn = chat(a, [*context, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "and then"}])
         predictions = {p["node"]: p for p in row(a, turn)["ttft"]["predictions"]}
@@ -164,9 +172,6 @@ def test_a_full_engine_is_not_priced_as_still_holding_a_sessions_own_context(thr
         assert full["inFlight"] >= 2 and full["cachedTokens"] == 0, predictions
         assert full["prefillMs"] >= 39_000, predictions  # the whole context read again
         assert served(turn) != "hub-c", predictions
-    finally:
-        for t in fill:
-            t.join()
 
 
 def test_new_sessions_spread_over_equal_boxes_instead_of_piling_on_the_entry_node(three):
@@ -198,25 +203,17 @@ def test_new_sessions_spread_over_equal_boxes_instead_of_piling_on_the_entry_nod
 def test_a_busy_node_learns_its_peers_load_sub_second_not_at_the_next_poll(three_slow_poll):
     """hub-b's own app fills both its slots after hub-a's last health poll; hub-a, busy, asks its
     peers' in-flight counts every 100 ms (poolLoadPollMs) and places around hub-b."""
-    import threading
-
-    from harness import wait_until
-
     nodes, sims = three_slow_poll
     a, b = nodes["hub-a"], nodes["hub-b"]
     b_id = a.node.peers.by_fqdn(fqdn("hub-b")).id
     assert a.node.load.peer_load(b_id, 0) == 0  # hub-b idle at the last poll
-    op(b, "POST", "/pins", {"scope": "default", "targetKind": "local"})  # hub-b's app's work stays there
-    # 3,000 tokens at 20 ms a token on a clock ten times faster: each holds its slot 6 s
-    held = [threading.Thread(target=chat, args=(b, [{"role": "user", "content": text(f"long {i}", 100)}]),
-                             kwargs={"max_tokens": 3000}) for i in range(2)]
-    for t in held:
-        t.start()
-    try:
-        assert wait_until(lambda: sims["hub-b"].stats()["in_flight"] == 2, timeout=20)
+    # 1,000 tokens at 20 ms a token on a clock ten times faster: each holds its slot 2 s. Few enough
+    # that hub-b's slot clock plans on them: a larger ask, against its 2-token warm-up, is a ceiling
+    # and its typical answer the plan, and hub-b states its slots free within a fraction of a second
+    with own_app_fills(b, sims["hub-b"], 1000, "long") as held:
         # hub-a has work of its own in flight: busy
         own = threading.Thread(target=chat, args=(a, [{"role": "user", "content": text("a's own", 100)}]),
-                               kwargs={"max_tokens": 3000})
+                               kwargs={"max_tokens": 1000})
         own.start()
         held.append(own)
         # (hub-a's own request may have gone to hub-b too: then it counts three)
@@ -225,9 +222,6 @@ def test_a_busy_node_learns_its_peers_load_sub_second_not_at_the_next_poll(three
         predictions = {p["node"]: p for p in row(a, r)["ttft"]["predictions"]}
         assert predictions[fqdn("hub-b")]["inFlight"] >= 2 and predictions[fqdn("hub-b")]["waitMs"] > 0
         assert served(r) != "hub-b"
-    finally:
-        for t in held:
-            t.join()
 
 
 def test_a_new_session_goes_by_sessions_held_per_slot_not_to_the_smallest_box(unequal_slots):
@@ -279,10 +273,6 @@ def test_a_full_engine_is_priced_by_what_its_work_has_left_not_by_its_count(one_
     600 tokens (a minute on the engines' clock), hub-b's for 200. Counted, the three tie and the
     entry node keeps the next request; by what each has left, hub-b frees forty seconds sooner,
     and hub-a learns it from hub-b's stated schedule (the busy load poll), aged."""
-    import threading
-
-    from harness import wait_until
-
     nodes, sims = one_slot_each
     a, b, c = (nodes[n] for n in NAMES)
     for n in (a, b, c):

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from hubpool_core.placement.slot_clock import (
     ANSWER_PLAN_TOKENS,
+    MAX_FREE_MS,
     MAX_SLOTS,
     OVERRUN,
     PeerSlots,
@@ -19,6 +20,7 @@ from hubpool_core.placement.slot_clock import (
     parse_free,
     planned_answer_ms,
     planned_work,
+    stated_ms,
     with_more,
 )
 
@@ -154,6 +156,28 @@ def test_each_request_queued_ahead_adds_to_the_wait(free, more, service):
     assert wait is not None and wait >= min(free)
     assert with_more(free, more + 1, service) >= wait  # type: ignore[operator]
     assert with_more(free, 0, None) == min(free)
+
+
+def test_a_slot_about_to_free_is_not_told_to_a_peer_as_free():
+    """A peer reads a stated 0 as a free slot until its count falls; rounded, a request 0.3 ms from
+    its plan's end made a full engine read as free for good (a flaky three-node test found it)."""
+    t = Clock()
+    clock = SlotClock(t)
+    clock.start("llamacpp", 1_000, 500)
+    t.now += 0.9997
+    assert clock.header_value("llamacpp", 2) == "0,1"  # one slot free, one busy for 0.3 ms more
+    book = PeerSlots(t)
+    book.note("p1", "llamacpp", parse_free(clock.header_value("llamacpp", 2).split(",")), 1)
+    t.now += 0.0011  # past what was stated: priced as overrunning, not as free
+    assert book.stated("p1", "llamacpp", 6_000.0) == ([0.0, 6_000.0], 1)
+
+
+@given(st.lists(st.floats(0, 1e8), max_size=80))
+def test_what_a_peer_is_told_is_free_only_where_free_and_always_accepted(free):
+    told = stated_ms(free)
+    assert [v == 0 for v in told] == [v == 0 for v in free[:MAX_SLOTS]]
+    assert all(v <= MAX_FREE_MS for v in told)
+    assert parse_free(told) == ([float(v) for v in told] or None)
 
 
 def test_nothing_said_prices_nothing():

@@ -28,7 +28,7 @@ from hubpool_core.placement import TIER_RANK, Load
 from hubpool_core.placement.handout import effective_ceiling
 from hubpool_core.placement.hops import HopTimes
 from hubpool_core.placement.quarantine import Quarantine
-from hubpool_core.placement.slot_clock import MAX_SLOTS, PeerSlots, SlotClock, engine_clock
+from hubpool_core.placement.slot_clock import PeerSlots, SlotClock, engine_clock, stated_ms
 from hubpool_core.placement.speed import ResidencyView, SpeedBook
 from hubpool_core.placement.throughput import ThroughputStore
 from hubpool_core.plugins import PluginHost, load_plugins
@@ -247,7 +247,7 @@ class Node:
         resident = [{"backend": b.engine.kind, "models": held} for b in backends
                     if b.healthy and (held := self.residency.models("local", b.engine.kind)) is not None]
         speed = self.speed.advertised("local")
-        free = [{"backend": b.engine.kind, "ms": [round(v) for v in ms[:MAX_SLOTS]]} for b in backends
+        free = [{"backend": b.engine.kind, "ms": stated_ms(ms)} for b in backends
                 if b.healthy and b.snapshot.result.slots
                 and (ms := self.slot_clock.free_in(b.engine.kind, b.snapshot.result.slots)) is not None]
         for key, value in (("engineSlots", slots), ("resident", resident), ("speed", speed), ("slotsFree", free)):

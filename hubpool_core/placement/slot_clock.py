@@ -170,7 +170,15 @@ class SlotClock:
     def header_value(self, kind: str, slots: int | None) -> str | None:
         """The schedule as ``X-Hub-Pool-Slots-Free-Ms`` carries it; ``None`` when unknown."""
         free = self.free_in(kind, slots) if slots else None
-        return None if free is None else ",".join(str(round(v)) for v in free[:MAX_SLOTS])
+        return None if free is None else ",".join(str(v) for v in stated_ms(free))
+
+
+def stated_ms(free: list[float]) -> list[int]:
+    """A schedule in whole milliseconds as a peer is told it (header and capabilities), at most
+    :data:`MAX_SLOTS`: a busy slot is at least 1, because a peer reads 0 as free until its count
+    says otherwise (rounded, a slot 0.3 ms from its plan's end read as free for good); none above
+    :data:`MAX_FREE_MS`, which a peer refuses."""
+    return [min(MAX_FREE_MS, math.ceil(v)) if v > 0 else 0 for v in free[:MAX_SLOTS]]
 
 
 def with_more(free: list[float], more: int, service_ms: float | None) -> float | None:
