@@ -83,6 +83,15 @@ def three_slow_poll(tmp_path):
 
 
 @pytest.fixture
+def three_stale(tmp_path):
+    """The same, the health poll five minutes apart: hub-a knows its peers' load as of the last
+    poll and what its own forwards and their answers said since (its busy load poll is off)."""
+    for nodes_sims in started_three(tmp_path, {"HUB_POOL_DEV_HEALTH_POLL_SECONDS": "300"}):
+        op(nodes_sims[0]["hub-a"], "PATCH", "/settings", {"poolLoadPollMs": 0})
+        yield nodes_sims
+
+
+@pytest.fixture
 def unequal_slots(tmp_path):
     """The same, but hub-a and hub-b run four slots and hub-c one: three engines of one speed."""
     yield from started_three(tmp_path, {"HUB_POOL_DEV_HEALTH_POLL_SECONDS": "1"}, {"hub-a": 4, "hub-b": 4, "hub-c": 1})
@@ -222,6 +231,41 @@ def test_a_busy_node_learns_its_peers_load_sub_second_not_at_the_next_poll(three
         predictions = {p["node"]: p for p in row(a, r)["ttft"]["predictions"]}
         assert predictions[fqdn("hub-b")]["inFlight"] >= 2 and predictions[fqdn("hub-b")]["waitMs"] > 0
         assert served(r) != "hub-b"
+
+
+def test_a_peer_that_cannot_start_a_forward_in_time_turns_it_back_and_the_walk_moves_on(three_stale):
+    """hub-b holds a fleet's 6,000-token head; then its own app fills both its slots, which hub-a
+    cannot see. hub-a predicts hub-b free and 3 s sooner than anywhere else and forwards the next
+    session there, allowing that much wait; hub-b's slot clock says 20 s, so it answers 429 busy
+    at once, and the request is served by the next candidate. The app sees one 200."""
+    nodes, sims = three_stale
+    a, b = nodes["hub-a"], nodes["hub-b"]
+    b_id = a.node.peers.by_fqdn(fqdn("hub-b")).id
+    head = text("the agent's system prompt and tools", 6000)
+    op(a, "POST", "/pins", {"scope": "default", "targetKind": "peer", "targetPeerId": b_id})
+    assert served(chat(a, [{"role": "system", "content": head}, {"role": "user", "content": text("one", 400)}])) \
+        == "hub-b"
+    op(a, "DELETE", "/pins?scope=default")
+    # 1,000 tokens at 20 ms a token: each holds its slot 20 s on the engines' clock (2 s real)
+    with own_app_fills(b, sims["hub-b"], 1000, "long"):
+        assert a.node.load.peer_load(b_id, 0) == 0  # as far as hub-a knows, hub-b is idle
+        chats_on_b = sims["hub-b"].stats()["by_path"]["/v1/chat/completions"]
+        r = chat(a, [{"role": "system", "content": head}, {"role": "user", "content": text("two", 400)}])
+        entry = row(a, r)
+        predicted = {p["node"]: p for p in entry["ttft"]["predictions"]}
+        assert predicted[fqdn("hub-b")]["waitMs"] == 0 and predicted[fqdn("hub-b")]["cachedTokens"] >= 5_800
+        assert served(r) != "hub-b" and entry["failedOverFrom"] == [fqdn("hub-b")]
+        refusal = entry["attempts"][0]
+        assert refusal["status"] == 429 and refusal["reason"].startswith("busy"), refusal
+        assert sims["hub-b"].stats()["by_path"]["/v1/chat/completions"] == chats_on_b  # never reached the engine
+        inbound = next(e for e in op(b, "GET", "/routing-log?limit=50")["entries"] if e["id"] == entry["id"])
+        assert inbound["status"] == 429 and inbound["reason"].startswith("busy"), inbound
+        assert a.node.load.peer_load(b_id, 0) >= 2  # the refusal carried hub-b's count
+        # the next session of the fleet is placed knowing hub-b is full: its wait is priced, and
+        # the head it shares is still counted there (another prompt shares it)
+        r = chat(a, [{"role": "system", "content": head}, {"role": "user", "content": text("three", 400)}])
+        predicted = {p["node"]: p for p in row(a, r)["ttft"]["predictions"]}
+        assert predicted[fqdn("hub-b")]["waitMs"] > 0 and served(r) != "hub-b", predicted
 
 
 def test_a_new_session_goes_by_sessions_held_per_slot_not_to_the_smallest_box(unequal_slots):

@@ -120,7 +120,7 @@ def test_a_peers_schedule_is_validated_and_aged():
     book.note("p3", "llamacpp", [0.0, 800.0], 1)
     t.now += 2
     assert book.stated("p3", "llamacpp", 6_000.0) == ([0.0, 6_000.0], 1)  # stated free stays free
-    for bad in ([-1], [float("nan")], ["12x"], [True], [4_000_000], []):
+    for bad in ([-1], [float("nan")], ["12x"], ["\u00b2"], [True], [4_000_000], []):
         assert parse_free(bad) is None
     assert parse_free(["12", " 40"]) == [12.0, 40.0]
     assert len(parse_free(range(100)) or []) == MAX_SLOTS

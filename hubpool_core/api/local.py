@@ -21,7 +21,8 @@ from hubpool_core.api.inference import ROUTED, BadRequest, _wants_stream, read_j
 from hubpool_core.engine import RESPONSES
 from hubpool_core.peering.guard import PeerRefused, admit
 from hubpool_core.placement import PlacementRequest, place_inbound, snapshot_of
-from hubpool_core.proxy import LOCAL_PREFIX, RelayPlan, RelayResponse
+from hubpool_core.placement.slot_clock import FREE_HEADER
+from hubpool_core.proxy import LOCAL_PREFIX, RelayPlan, RelayResponse, start_within
 from hubpool_core.proxy.response_homes import RESPONSE_ID
 from hubpool_core.signals.local_engines import listing_backends
 from hubpool_core.telemetry.routing_log import RoutingLog
@@ -54,6 +55,25 @@ def _refuse(node: Any, route: str, sender: str | None, request: Request, status:
     row = refusal_row(node.routing_log, route, sender, request.headers, status, message)
     node.plugins.broadcast_request_finished(row)
     return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def _busy(node: Any, route: str, sender: str, request: Request, cand: Any, allowed: int) -> JSONResponse | None:
+    """The 429 that turns a forward back when this node's engine has no slot within the wait the
+    sender allowed (proxy/start_within.py), with this node's count and schedule beside it; None
+    when a slot frees in time or the slot clock cannot say."""
+    slots = getattr(cand.local.snapshot.result, "slots", None)
+    wait = start_within.wait_here(node.slot_clock, cand.backend, slots)
+    if wait is None or wait <= allowed:
+        return None
+    # the count as on any answer to a forward: the forward itself included (the sender still
+    # counts it as sent, and takes it off when it moves on)
+    headers = {"X-Hub-Pool-Refusal": start_within.REFUSAL, "X-Hub-Pool-In-Flight": str(node.load.local + 1)}
+    free = node.slot_clock.header_value(cand.backend, slots)
+    if free is not None:
+        headers[FREE_HEADER] = free
+    return _refuse(node, route, sender, request, 429,
+                   f"busy: this node's {cand.backend} has no free slot for about {round(wait)} ms, longer than the "
+                   f"{allowed} ms the sender allowed; place the request elsewhere", headers)
 
 
 def _admitted(node: Any, request: Request, route: str) -> tuple[Any, JSONResponse | None]:
@@ -97,6 +117,11 @@ async def forward(request: Request) -> Response:
     dialect, route_class = ROUTED[route]
     asked = PlacementRequest(route, dialect, route_class, model, body, raw, _wants_stream(dialect, route_class, body))
     plan = place_inbound(await snapshot_of(node, inbound=True, serving=(kind, model)), asked, kind)
+    allowed = start_within.asked(request.headers)
+    if allowed is not None and plan.candidates:
+        busy = _busy(node, route, peer.node_fqdn, request, plan.candidates[0], allowed)
+        if busy is not None:
+            return busy
     rid = request.headers.get("x-hub-pool-request-id")
     row = node.routing_log.open(direction="inbound", path=route, model=model,
                                 request_id=rid if rid and REQUEST_ID.fullmatch(rid) else None,

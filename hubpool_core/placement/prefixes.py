@@ -124,6 +124,12 @@ class PrefixIndex:
         while len(self._engines) > MAX_ENGINES:
             self._engines.popitem(last=False)
 
+    def forget(self, node: str, backend: str, chain: Sequence[bytes]) -> None:
+        """``chain`` never reached the engine after all (the attempt failed or was turned back)."""
+        held = self._engines.get((node, backend))
+        if held is not None and chain and held.get(chain[-1], ((),))[0] == tuple(chain):
+            del held[chain[-1]]
+
     def held_tokens(self, node: str, backend: str, chain: Sequence[bytes]) -> int:
         """Tokens (pool estimate) of the prompt behind ``chain`` the engine holds: its longest
         run of leading blocks shared with a chain the engine was sent."""

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from hubpool_core.engine import answer_limit
+from hubpool_core.numbers import whole_number
 
 #: the header a node serving a peer's forward names its engine's schedule in (ms, comma-separated)
 FREE_HEADER = "x-hub-pool-slots-free-ms"
@@ -206,10 +207,9 @@ def parse_free(values: Iterable[Any]) -> list[float] | None:
         if i >= MAX_SLOTS:
             break
         if isinstance(value, str):
-            value = value.strip()
-            if not value.isdigit() or len(value) > 7:
+            value = whole_number(value, 7)
+            if value is None:
                 return None
-            value = int(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                 or not 0 <= value <= MAX_FREE_MS:
             return None

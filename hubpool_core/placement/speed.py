@@ -36,6 +36,8 @@ SCRATCH_PREDICTED = "ttft_predicted"
 SCRATCH_SLOT_MS = "ttft_slot_ms"
 #: id(candidate) -> the prefill and load predicted for the request there (its slot clock's plan)
 SCRATCH_BEFORE = "ttft_before"
+#: id(candidate) -> the wait for a slot predicted there (ms)
+SCRATCH_WAIT = "ttft_wait"
 
 
 def _finite_positive(value: Any) -> bool:

@@ -19,6 +19,7 @@ from hubpool_core.placement import Candidate
 from hubpool_core.proxy.connector import SEND_STATE, SendState, reset_before_answer
 from hubpool_core.proxy.hangup import Hangup
 from hubpool_core.proxy.plan import LOCAL_PREFIX, RelayPlan
+from hubpool_core.proxy.start_within import HEADER as START_WITHIN
 from hubpool_core.proxy.translate import Translator, judged_dialect, translator_for
 
 if TYPE_CHECKING:
@@ -30,9 +31,12 @@ log = logging.getLogger("hubpool.relay")
 class Failed(Exception):
     """One candidate did not give an answer the walk keeps: it is passed over."""
 
-    def __init__(self, status: int | None, reason: str, deadline: bool = False, verdict: Verdict | None = None):
+    def __init__(self, status: int | None, reason: str, deadline: bool = False, verdict: Verdict | None = None,
+                 busy: bool = False):
         super().__init__(reason)
         self.status, self.reason, self.deadline, self.verdict = status, reason, deadline, verdict
+        #: a peer turned the request back before starting it (proxy/start_within.py): no fault
+        self.busy = busy
 
 
 def transport_code(exc: BaseException) -> str:
@@ -72,6 +76,8 @@ async def open_request(node: Any, plan: RelayPlan, cand: Candidate,
         url = node.peer_client.base_url(cand.node) + path
         headers = {"Content-Type": "application/json", **auth, "X-Hub-Pool-Backend": cand.backend,
                    "X-Hub-Pool-Model": plan.model, "X-Hub-Pool-Request-Id": plan.row["id"]}
+        if plan.start_within is not None:  # start within this or turn it back (proxy/start_within.py)
+            headers[START_WITHIN] = str(plan.start_within)
         if plan.span is not None:  # the peer's span continues this attempt's trace (not signed)
             node.tracer.inject(attempt_span, headers)
         translator, body_bytes = None, plan.raw

@@ -71,8 +71,9 @@ def passed_over(plan: RelayPlan, cand: Candidate, failure: Failed, last: bool = 
     row["failedOverFrom"].append(cand.node)
     row["attempts"].append({"node": cand.node, "backend": cand.backend, "status": failure.status,
                             "reason": failure.reason[:200]})
-    log.warning("failover: %s (%s) passed over for %s: %s", cand.node, cand.backend, plan.model,
-                failure.reason)
+    # a peer busy past the wait this node allowed is placement at work, not a fault
+    (log.info if failure.busy else log.warning)("failover: %s (%s) passed over for %s: %s", cand.node,
+                                                cand.backend, plan.model, failure.reason)
 
 
 async def exhausted(node: Any, plan: RelayPlan, send: Send, failures: list[Failed], started: float) -> None:

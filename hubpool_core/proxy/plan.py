@@ -69,6 +69,9 @@ class RelayPlan:
     resume: Any = None
     #: this attempt's request on its local engine's slot clock (placement/slot_clock.py), else None
     running: Any = None
+    #: the wait this attempt's peer may take before it starts the request, named on the forward
+    #: (proxy/start_within.py), else None
+    start_within: int | None = None
 
     def context_headers(self) -> dict[str, str]:
         return dict(getattr(self.context, "response_headers", None) or {})

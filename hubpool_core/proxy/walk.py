@@ -23,6 +23,7 @@ from starlette.types import Receive, Scope, Send
 
 from hubpool_core.engine import AGENT_DIALECTS, RESPONSES
 from hubpool_core.models_ids import fold_model_id
+from hubpool_core.numbers import whole_number
 from hubpool_core.placement.load import Work
 from hubpool_core.placement.slot_clock import FREE_HEADER, parse_free, planned_work
 from hubpool_core.placement.speed import SCRATCH_BEFORE
@@ -36,6 +37,8 @@ from hubpool_core.proxy.plan import STREAM_TYPES, RelayPlan
 from hubpool_core.proxy.pump import commit, hold
 from hubpool_core.proxy.response_homes import response_id
 from hubpool_core.proxy.resume import RESUMABLE_ROUTES, Resume
+from hubpool_core.proxy.start_within import REFUSAL as BUSY
+from hubpool_core.proxy.start_within import allowances
 from hubpool_core.proxy.translate import dialect_error, judged_dialect
 from hubpool_core.proxy.verdicts import (
     Verdict,
@@ -110,8 +113,10 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
     resume = plan.resume
     # the current attempt's trace span (set only when the plan has a span)
     attempt_span: Any = None
+    allowed = allowances(plan.context, plan.candidates) if plan.inbound_from is None else {}
     for attempt, cand in enumerate(plan.candidates, start=1):
         last = attempt == total
+        plan.start_within = None if resume is not None and resume.continuing else allowed.get(attempt - 1)
         observe(plan, "placed" if attempt == 1 else "failed_over", cand)
         log_.touch(row, node=plan.inbound_from or cand.node, peerId=cand.peer_id, backend=cand.backend,
                    attempt=attempt)
@@ -140,13 +145,13 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
                 raise Failed(None, f"fetch failed ({transport_code(exc)})") from None
             status = upstream.status
             if cand.peer_id is not None:
-                fresh = upstream.headers.get("x-hub-pool-in-flight", "")
-                if fresh.isdigit() and len(fresh) < 7:
-                    load.note_fresh(cand.peer_id, int(fresh))
+                fresh = whole_number(upstream.headers.get("x-hub-pool-in-flight", ""), 6)
+                if fresh is not None:
+                    load.note_fresh(cand.peer_id, fresh)
                     # no schedule beside the count: the peer cannot say now, and an older one is stale
                     free = upstream.headers.get(FREE_HEADER, "")
                     node.peer_slots.note(cand.peer_id, cand.backend,
-                                         parse_free(free.split(",")) if 0 < len(free) <= 1024 else None, int(fresh))
+                                         parse_free(free.split(",")) if 0 < len(free) <= 1024 else None, fresh)
             continuing = resume is not None and resume.continuing
             if status == 500 and (cand.is_local or "x-hub-pool-backend" in upstream.headers) \
                     and plan.inbound_from is None and not continuing:
@@ -164,6 +169,9 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
                         return
                     pending = verdict
                     raise Failed(500, f"HTTP 500 ({verdict.signature})", verdict=verdict)
+            if status == 429 and plan.start_within is not None and upstream.headers.get("x-hub-pool-refusal") == BUSY:
+                upstream.release()
+                raise Failed(status, f"busy: no slot within the {plan.start_within} ms allowed", busy=True)
             if fails_over(node, plan, cand, upstream, last):
                 upstream.release()
                 if cand.is_local and status >= 500:

@@ -34,6 +34,7 @@ from hubpool_core.placement.speed import (
     SCRATCH_BEFORE,
     SCRATCH_PREDICTED,
     SCRATCH_SLOT_MS,
+    SCRATCH_WAIT,
     advertised_prior,
     advertised_residency,
     advertised_speed,
@@ -46,6 +47,8 @@ from hubpool_stages.throughput import throughput_on
 #: ctx.scratch keys written here (beside the core's SCRATCH_PREDICTED and SCRATCH_SLOT_MS)
 SCRATCH_KEY = "ttft_session"
 SCRATCH_CHAIN = "ttft_chain"
+#: the engine the walk last tried with this request's chain remembered
+SCRATCH_TRIED = "ttft_tried"
 #: predictions this close to the best one are a tie that spreading sessions settles: 10 % of the
 #: best, and at least SPREAD_TIE_MS (two engines of one speed with free slots predict alike)
 SPREAD_TIE = 0.1
@@ -209,6 +212,7 @@ class PredictedTtftStage(Stage):
         context.scratch[SCRATCH_PREDICTED] = {k: (v["predictedMs"] if v else None) for k, v in predictions.items()}
         context.scratch[SCRATCH_SLOT_MS] = {k: (v.pop("_slotMs") if v else None) for k, v in predictions.items()}
         context.scratch[SCRATCH_BEFORE] = {k: (v.pop("_beforeMs") if v else None) for k, v in predictions.items()}
+        context.scratch[SCRATCH_WAIT] = {k: (v["waitMs"] if v else None) for k, v in predictions.items()}
         places = [i for i, c in enumerate(out) if predictions[id(c)] is not None]
         if len(places) < 2:
             return out, None
@@ -256,6 +260,11 @@ class PredictedTtftStage(Stage):
         self._remember(context, candidate)
 
     def failed_over(self, context: Any, candidate: Any) -> None:
+        """The engine tried before never took the prompt (it failed, or a busy peer turned it back
+        before starting it): it is not remembered there."""
+        tried, chain = context.scratch.get(SCRATCH_TRIED), context.scratch.get(SCRATCH_CHAIN)
+        if tried is not None and chain:
+            self.prefixes.forget(*tried, chain)
         self._remember(context, candidate)
 
     def exhausted(self, context: Any) -> None:
@@ -270,6 +279,7 @@ class PredictedTtftStage(Stage):
         chain = context.scratch.get(SCRATCH_CHAIN)
         if chain:
             self.prefixes.remember(candidate.node, candidate.backend, chain, self.slots_of(candidate, context))
+            context.scratch[SCRATCH_TRIED] = (candidate.node, candidate.backend)
 
 
 def _on(context: Any, setting: str) -> bool:
