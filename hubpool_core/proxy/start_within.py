@@ -6,8 +6,8 @@ the slot it reads as free. So it names, on the forward, how long the request may
 there and still start before the next candidate would have served it:
 ``X-Hub-Pool-Start-Within-Ms``, the predicted wait plus the margin to the next prediction. A
 leaf whose own slot clock puts its engine's first free slot further off answers 429, marked
-``X-Hub-Pool-Refusal: busy`` and carrying its count and schedule, without reading the body; the
-walk goes on to the next candidate. The last candidate is never sent the header, so an app never
+``X-Hub-Pool-Refusal: busy`` and carrying its count and schedule, before its engine sees the
+request; the walk goes on to the next candidate. The last candidate is never sent the header, so an app never
 sees the refusal. Additive: a reference peer ignores the header and a reference entry node never
 sends it; with ``poolTtftRanking`` 0 nothing is predicted and nothing is sent.
 """
