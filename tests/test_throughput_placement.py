@@ -19,6 +19,7 @@ from hubpool_stages import (
 )
 
 from hubpool_core.placement import Candidate, Load, PlacementContext, run_stages
+from hubpool_core.placement.speed import SCRATCH_PREDICTED
 from hubpool_core.placement.throughput import ThroughputStore
 
 MODEL = "qwen3-coder:30b"
@@ -66,9 +67,11 @@ def advertises(prompt_tokens, ms, deadline=False):
                           "tokensPerSec": prompt_tokens / (ms / 1000), "deadline": deadline, "ageMs": 60_000}]}]
 
 
-def place(store, ranking, tokens, stream=True):
+def place(store, ranking, tokens, stream=True, priced=None):
     ctx = PlacementContext(route="/v1/chat/completions", route_class="chat", model=MODEL, body={"model": MODEL},
                            estimated_tokens=tokens, settings=settings(), judged=True)
+    if priced is not None:  # what the predicted-TTFT stage (order 50) priced: node -> predicted ms
+        ctx.scratch[SCRATCH_PREDICTED] = {id(c): priced.get(c.node) for c in ranking}
     # the plan budget the core puts in the scratch: first byte for a stream
     ctx.scratch["budget_ms"] = max(300_000, math.ceil(tokens / 50) * 1000)
     ranking.sort(key=lambda c: (c.score, c.tier_rank))
@@ -112,6 +115,21 @@ def test_2026_09_29_a_7731_token_turn_goes_to_a_measured_gpu_peer_not_unmeasured
     order, sections = place(ThroughputStore(), [peer("core-7"), peer("beta-1", throughput=advertises(5_000, 20_000))],
                             6_000)
     assert order == ["core-7", "beta-1"] and sections["throughput"]["unmeasured"] == []
+
+
+def test_a_peer_the_predicted_ttft_stage_priced_is_not_deferred_as_unmeasured():
+    """Equal boxes, judged run of 2026-12-07: a 7,627-token prompt whose entry node had never
+    timed one peer itself, though that peer advertised its speed and the predicted-TTFT stage
+    put it first (5.0 s, against 17.3 s on the full local engine). Deferred as unmeasured, it
+    went behind the local engine and waited 12 s there."""
+    ranking = [peer("eq-c"), peer("beta-1", throughput=advertises(7_627, 32_000))]
+    order, sections = place(ThroughputStore(), list(ranking), 7_627, priced={"eq-c": 4_988, "beta-1": 7_514})
+    assert order == ["eq-c", "beta-1"] and sections["throughput"]["unmeasured"] == []
+    # nothing priced it (poolTtftRanking 0, or a peer that advertises no speed): the spec's deferral
+    order, sections = place(ThroughputStore(), list(ranking), 7_627, priced={"beta-1": 7_514})
+    assert order == ["beta-1", "eq-c"]
+    order, _ = place(ThroughputStore(), list(ranking), 7_627)
+    assert order == ["beta-1", "eq-c"]
 
 
 def test_2026_09_30_a_35809_token_turn_goes_to_the_gpu_nodes_before_core_7():

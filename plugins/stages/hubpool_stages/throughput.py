@@ -25,6 +25,7 @@ from hubpool_core import Stage
 from hubpool_core.config import parse_decimal
 from hubpool_core.models_ids import fold_model_id
 from hubpool_core.placement import find_pin, pin_matches
+from hubpool_core.placement.speed import SCRATCH_PREDICTED
 from hubpool_core.placement.throughput import (
     DEFER_MIN_PROMPT_TOKENS,
     MIN_PROMPT_TOKENS,
@@ -195,14 +196,18 @@ class ThroughputStage(Stage):
                slow: set[int]) -> tuple[list[Any], list[Any]]:
         """Within each group and ranker score: unmeasured peers (never a local engine, the
         affinity-held engine or a pinned peer) go right behind the last candidate measured to
-        meet the budget, an ``unknown`` prior ahead of a ``cpu-only`` one."""
+        meet the budget, an ``unknown`` prior ahead of a ``cpu-only`` one. A peer the
+        predicted-TTFT stage priced (from the speed it advertises, or this node's timing) is
+        not unmeasured: deferred, it undid that stage's order, and an equal box's first 7,600-token
+        prompt that peer would have read in 5 s waited 12 s on a full local engine instead."""
+        priced = context.scratch.get(SCRATCH_PREDICTED) or {}
 
         def fast(c: Any) -> bool:
             return preds.get(id(c)) is not None and id(c) not in slow
 
         def deferrable(c: Any) -> bool:
-            return (preds.get(id(c)) is None and not c.is_local and not _is_held(context, c)
-                    and not _is_pinned(context, c))
+            return (preds.get(id(c)) is None and priced.get(id(c)) is None and not c.is_local
+                    and not _is_held(context, c) and not _is_pinned(context, c))
 
         result = list(out)
         moved: list[Any] = []
