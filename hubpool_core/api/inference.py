@@ -23,9 +23,9 @@ from hubpool_core.api.admission import (
     saturated,
 )
 from hubpool_core.api.dialects import AGENT_ROUTES, SPELLINGS, error_response, passed_headers, reshaped
+from hubpool_core.config import whole_in_range
 from hubpool_core.engine import AGENT_DIALECTS, NATIVE, OPENAI, RESPONSES
 from hubpool_core.models_ids import fold_model_id, same_model
-from hubpool_core.numbers import whole_number
 from hubpool_core.placement import (
     AUTO,
     AUTO_NOTHING,
@@ -85,7 +85,7 @@ def _guard(request: Request, dialect: str | None = None) -> JSONResponse | None:
 
 async def read_json_object(request: Request, limit: int) -> tuple[bytes, dict[str, Any]]:
     """The body as bytes and as a JSON object, or a BadRequest saying what is wrong."""
-    declared = whole_number(request.headers.get("content-length", ""), 20)
+    declared = whole_in_range(request.headers.get("content-length"), 0, None)
     if declared is not None and declared > limit:
         raise BadRequest(413, f"Request body is {declared} bytes; this node accepts at most {limit} "
                               "(HUB_POOL_MAX_BODY_BYTES)")

@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from hubpool_core.config import whole_in_range
 from hubpool_core.engine import answer_limit
-from hubpool_core.numbers import whole_number
 
 #: the header a node serving a peer's forward names its engine's schedule in (ms, comma-separated)
 FREE_HEADER = "x-hub-pool-slots-free-ms"
@@ -207,7 +207,7 @@ def parse_free(values: Iterable[Any]) -> list[float] | None:
         if i >= MAX_SLOTS:
             break
         if isinstance(value, str):
-            value = whole_number(value, 7)
+            value = whole_in_range(value, 0, MAX_FREE_MS)
             if value is None:
                 return None
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \

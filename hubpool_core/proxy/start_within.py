@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from hubpool_core.numbers import whole_number
+from hubpool_core.config import whole_in_range
 from hubpool_core.placement.slot_clock import MAX_FREE_MS
 from hubpool_core.placement.speed import SCRATCH_PREDICTED, SCRATCH_WAIT
 
@@ -49,8 +49,7 @@ def allowances(context: Any, candidates: Sequence[Any]) -> dict[int, int]:
 def asked(headers: Any) -> int | None:
     """The allowance a forward names, validated (whole milliseconds, 0 to an hour); ``None`` when
     absent or malformed (then the forward is served as any other)."""
-    value = whole_number(headers.get(HEADER, ""), 7)
-    return None if value is None or value > MAX_FREE_MS else value
+    return whole_in_range(headers.get(HEADER), 0, MAX_FREE_MS)
 
 
 def wait_here(slot_clock: Any, kind: str, slots: int | None) -> float | None:

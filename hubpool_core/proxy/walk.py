@@ -21,9 +21,9 @@ import aiohttp
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from hubpool_core.config import whole_in_range
 from hubpool_core.engine import AGENT_DIALECTS, RESPONSES
 from hubpool_core.models_ids import fold_model_id
-from hubpool_core.numbers import whole_number
 from hubpool_core.placement.load import Work
 from hubpool_core.placement.slot_clock import FREE_HEADER, parse_free, planned_work
 from hubpool_core.placement.speed import SCRATCH_BEFORE
@@ -145,7 +145,7 @@ async def walk(node: Any, plan: RelayPlan, hangup: Hangup, send: Send, started: 
                 raise Failed(None, f"fetch failed ({transport_code(exc)})") from None
             status = upstream.status
             if cand.peer_id is not None:
-                fresh = whole_number(upstream.headers.get("x-hub-pool-in-flight", ""), 6)
+                fresh = whole_in_range(upstream.headers.get("x-hub-pool-in-flight"), 0, 999_999)
                 if fresh is not None:
                     load.note_fresh(cand.peer_id, fresh)
                     # no schedule beside the count: the peer cannot say now, and an older one is stale
