@@ -59,7 +59,8 @@ def test_the_guide_from_check_to_your_pool_is_ready(browser, two):
     pb.get_by_role("button", name="Generate PIN").click()
     digits = pb.get_by_test_id("pin").inner_text()
     assert re.fullmatch(r"\d{6}", digits)
-    b_print = pb.locator("#pin-fingerprint").inner_text()
+    # the fingerprint comes with the page's status, which may land after the PIN: wait for it
+    b_print = pb.locator("#pin-fingerprint", has_text=re.compile(r"\w")).inner_text()
 
     pa.bring_to_front()  # a background tab gets no animation frames, which Playwright's clicks wait on
     pa.goto(a.url + "/ui/pool")
@@ -202,6 +203,7 @@ def test_the_dashboard_shows_a_request_that_failed_over_with_its_chain(browser, 
     assert re.search(r"✗ hub-b\.example-tailnet\.ts\.net \(HTTP 503\)\s*→\s*✓ this node", text), text
     assert f"↳ failed over from {fqdn('hub-b')} (HTTP 503)" in text
     assert "↳ pinned: a model pin put a peer first (prefer)" in text
-    # the pin shows in the pins section, with its target named
-    assert "llama3.2:3b → hub-b.example-tailnet.ts.net" in page.locator("#pin-list").inner_text()
+    # the pin shows in the pins section, with its target named. The status (pins) and the
+    # routing log load separately, so the row above can render before the pins do
+    page.locator("#pin-list").get_by_text("llama3.2:3b → hub-b.example-tailnet.ts.net").wait_for()
     shoot(page, "pool-page-failover")
