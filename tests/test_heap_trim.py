@@ -47,3 +47,14 @@ def test_without_malloc_trim_the_trimmer_does_nothing(monkeypatch):
 
     asyncio.run(life())
     assert trimmer.trims == 0
+
+
+def test_a_trim_is_counted_before_the_activity_it_saw_is(monkeypatch):
+    """A reader in another thread (the test above) waits for ``seen`` and then reads ``trims``;
+    the trim itself runs with the GIL released, so ``seen`` must not move before it is counted."""
+    during: list[tuple[int, int]] = []
+    trimmer = heap_trim.HeapTrimmer(lambda: 7)
+    monkeypatch.setattr(trimmer, "_trim", lambda _pad: during.append((trimmer.seen, trimmer.trims)) or 1)
+    asyncio.run(trimmer.step())
+    assert during == [(-1, 0)]  # while trimming: neither moved yet
+    assert (trimmer.seen, trimmer.trims) == (7, 1)

@@ -48,9 +48,11 @@ class HeapTrimmer:
         now = self.activity()
         if self._trim is None or now == self.seen:
             return
-        self.seen = now
         self._trim(0)
         self.trims += 1
+        # last, so a reader in another thread never sees ``seen`` moved while ``trims`` has not
+        # (the C call releases the GIL for as long as the trim takes)
+        self.seen = now
 
     def start(self) -> None:
         if self._trim is None:
